@@ -1,0 +1,101 @@
+"""The package's one time abstraction: send a message to be delivered later.
+
+Two backends, chosen by configuration:
+- ``broker``: the broker's own delayed delivery (``deliver_at``) — real Pulsar only.
+- ``scheduler``: the package's BucketSnapshotWriter; the message goes to its scheduling topic
+  carrying the deliver-at time and the real target, and is released there on time. This works
+  on any broker, including the embedded one, which delivers ``deliver_at`` messages at once.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Mapping, Optional
+
+import pulsar
+
+from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+
+BACKENDS = ("broker", "scheduler")
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch (what deliver-at times are measured in)."""
+    return int(time.time() * 1000)
+
+
+@dataclass
+class DelayedProducer:
+    """Sends messages to be delivered at a given time through the configured backend."""
+
+    client: pulsar.Client
+    backend: str = "scheduler"
+    scheduling_topic: Optional[str] = None
+    _producers: Dict[str, pulsar.Producer] = field(default_factory=dict, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"unknown delay backend {self.backend!r}; expected one of {BACKENDS}")
+        if self.backend == "scheduler" and not self.scheduling_topic:
+            raise ValueError("the scheduler delay backend needs a scheduling_topic")
+
+    def _producer(self, topic: str) -> pulsar.Producer:
+        with self._lock:
+            prod = self._producers.get(topic)
+            if prod is None:
+                # Batching off: a batch shares one entry id, and the scheduler keys items by entry.
+                prod = self.client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+                self._producers[topic] = prod
+            return prod
+
+    def send(
+        self,
+        topic: str,
+        payload: bytes,
+        deliver_at_ms: int,
+        properties: Optional[Mapping[str, str]] = None,
+        key: Optional[str] = None,
+        event_timestamp: Optional[int] = None,
+    ) -> pulsar.MessageId:
+        """Deliver `payload` to `topic` no earlier than `deliver_at_ms`; returns the sent message id."""
+        if deliver_at_ms < 0:
+            raise ValueError(f"deliver-at time must not be negative, got {deliver_at_ms}")
+        props = dict(properties or {})
+        kwargs = {}
+        if key is not None:
+            kwargs["partition_key"] = key
+        if event_timestamp:
+            kwargs["event_timestamp"] = int(event_timestamp)
+        if self.backend == "broker":
+            return self._producer(topic).send(payload, properties=props, deliver_at=int(deliver_at_ms), **kwargs)
+        props[DELIVER_AT_PROP] = str(int(deliver_at_ms))
+        props[TARGET_PROP] = topic
+        assert self.scheduling_topic is not None
+        return self._producer(self.scheduling_topic).send(payload, properties=props, **kwargs)
+
+    def send_after(self, topic: str, payload: bytes, delay_ms: int, **kw) -> pulsar.MessageId:
+        """Like send(), with a delay relative to now."""
+        if delay_ms < 0:
+            raise ValueError(f"delay must not be negative, got {delay_ms} ms")
+        return self.send(topic, payload, now_ms() + int(delay_ms), **kw)
+
+    def cancel(self, message_id: pulsar.MessageId) -> pulsar.MessageId:
+        """Ask the scheduler to drop a not-yet-released message (scheduler backend only)."""
+        if self.backend != "scheduler":
+            raise ValueError("cancellation needs the scheduler backend; Pulsar's broker cannot cancel (PR #23907)")
+        assert self.scheduling_topic is not None
+        ref = f"{message_id.ledger_id()}:{message_id.entry_id()}"
+        return self._producer(self.scheduling_topic).send(b"", properties={CANCEL_PROP: ref})
+
+    def close(self) -> None:
+        """Flush and close every producer this object opened."""
+        with self._lock:
+            for prod in self._producers.values():
+                try:
+                    prod.flush()
+                    prod.close()
+                except Exception:  # closing is best effort; the client may already be gone
+                    pass
+            self._producers.clear()
