@@ -1,0 +1,199 @@
+"""The embedded default broker: pulsar-lite started on a free 127.0.0.1 port.
+
+pulsar-lite binds its metrics listener to 0.0.0.0:8080 unless told otherwise and silently
+ignores unknown config keys, so we always write the whole config file ourselves.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Optional
+
+log = logging.getLogger(__name__)
+
+
+class BrokerError(RuntimeError):
+    """The embedded broker could not be started or stopped."""
+
+
+def find_binary() -> Path:
+    """Locate the pulsar-lite executable shipped in the pulsar-lite wheel (or $PULSAR_LITE_BINARY)."""
+    env = os.environ.get("PULSAR_LITE_BINARY")
+    if env:
+        if Path(env).is_file():
+            return Path(env)
+        raise BrokerError(f"PULSAR_LITE_BINARY={env} does not exist")
+    try:
+        import pulsar_lite  # type: ignore
+    except ImportError as exc:
+        raise BrokerError(
+            "the embedded broker needs the pulsar-lite package: pip install 'pulsar-lifecycle[local]' "
+            "(or pass --broker-service-url pulsar://host:6650 to use a real Pulsar)"
+        ) from exc
+    binary = Path(pulsar_lite.__file__).parent / "bin" / "pulsar-lite"
+    if not binary.is_file():
+        found = shutil.which("pulsar-lite")
+        if not found:
+            raise BrokerError(f"pulsar-lite binary not found at {binary} nor on PATH")
+        binary = Path(found)
+    return binary
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on `host` a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.2) -> bool:
+    """Whether something accepts TCP connections on host:port."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class EmbeddedBroker:
+    """A pulsar-lite process owned by this object.
+
+    `data_dir` is kept across restarts when given; otherwise a temporary directory is used and
+    removed on stop. Metrics are off unless `metrics_port` is set, and then bound to 127.0.0.1.
+    """
+
+    data_dir: Optional[Path] = None
+    port: int = 0
+    host: str = "127.0.0.1"
+    log_level: str = "warn"
+    metrics_port: Optional[int] = None
+    start_timeout: float = 15.0
+    _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
+    _tmp: Optional[str] = field(default=None, init=False, repr=False)
+    _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
+
+    @property
+    def service_url(self) -> str:
+        """The pulsar:// URL clients connect to."""
+        return f"pulsar://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The broker's process id while it runs."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def log_path(self) -> Path:
+        """Where the broker's stderr goes (pulsar-lite writes no log file of its own)."""
+        assert self.data_dir is not None
+        return Path(self.data_dir) / "pulsar-lite.log"
+
+    def _write_config(self) -> Path:
+        assert self.data_dir is not None
+        metrics = (
+            f'[metrics]\nenabled = true\naddr = "127.0.0.1:{self.metrics_port}"\n'
+            if self.metrics_port
+            else "[metrics]\nenabled = false\n"
+        )
+        cfg = Path(self.data_dir) / "pulsar-lite.toml"
+        cfg.write_text(
+            f'addr = "{self.host}:{self.port}"\n'
+            f'db_path = "{Path(self.data_dir) / "pulsar-lite.db"}"\n'
+            f'log_level = "{self.log_level}"\n'
+            "default_partitions = 0\n" + metrics
+        )
+        return cfg
+
+    def start(self) -> "EmbeddedBroker":
+        """Start the broker and wait until its port accepts connections."""
+        if self._proc is not None:
+            raise BrokerError("embedded broker already started")
+        binary = find_binary()
+        if self.data_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="pulsar-lifecycle-broker-")
+            self.data_dir = Path(self._tmp)
+        self.data_dir = Path(self.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        elif port_open(self.host, self.port):
+            raise BrokerError(f"port {self.host}:{self.port} is already in use")
+        cfg = self._write_config()
+        self._log_file = open(self.log_path, "ab")
+        cmd = [
+            str(binary), "--config", str(cfg), "--addr", f"{self.host}:{self.port}",
+            "--db-path", str(self.data_dir / "pulsar-lite.db"), "--log-level", self.log_level,
+        ]
+        # cwd = data dir so a stray ./pulsar-lite.toml elsewhere is never picked up.
+        self._proc = subprocess.Popen(
+            cmd, cwd=self.data_dir, stdout=self._log_file, stderr=self._log_file,
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            rc = self._proc.poll()
+            if rc is not None:
+                tail = self._log_tail()
+                self._cleanup_proc()
+                if "LOCK" in tail or "lock file" in tail.lower():
+                    raise BrokerError(
+                        f"data directory {self.data_dir} is locked by another broker (rc={rc}): {tail.strip()[-300:]}"
+                    )
+                raise BrokerError(f"pulsar-lite exited with rc={rc} before opening its port: {tail.strip()[-500:]}")
+            if port_open(self.host, self.port):
+                log.info("event=broker_started url=%s pid=%s data_dir=%s", self.service_url, self._proc.pid, self.data_dir)
+                return self
+            time.sleep(0.02)
+        self.stop()
+        raise BrokerError(f"pulsar-lite did not open {self.host}:{self.port} within {self.start_timeout:.0f}s; log: {self.log_path}")
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""
+
+    def _cleanup_proc(self) -> None:
+        self._proc = None
+        if self._log_file:
+            self._log_file.close()
+            self._log_file = None
+
+    def stop(self, kill: bool = False, remove_data: Optional[bool] = None) -> None:
+        """Stop the broker by its own PID (SIGTERM, or SIGKILL when `kill`)."""
+        if self._proc is not None:
+            try:
+                self._proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+                self._proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait(timeout=10)
+            except ProcessLookupError:
+                pass
+            log.info("event=broker_stopped url=%s kill=%s", self.service_url, kill)
+            self._cleanup_proc()
+        if remove_data is None:
+            remove_data = self._tmp is not None
+        if remove_data and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self._tmp = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port and data directory."""
+        self.stop(remove_data=False)
+        self.start()
+
+    def __enter__(self) -> "EmbeddedBroker":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
