@@ -1,0 +1,464 @@
+"""Pulsar Function config YAML: field list, loader and the spec the local runner uses.
+
+The field names are those of Pulsar's ``org.apache.pulsar.common.functions.FunctionConfig`` and its
+nested ``ConsumerConfig``/``ProducerConfig``/``BatchingConfig``/``CryptoConfig``/``Resources``/
+``WindowConfig``/``MessagePayloadProcessorConfig`` (Jackson property names, so Lombok's
+``boolean isRegexPattern`` appears as ``regexPattern``). A file that loads here is the same file
+``pulsar-admin functions create --function-config-file`` takes.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
+
+import yaml
+
+logger = logging.getLogger(__name__)
+
+# Default serde of the Python runtime when a serde class name is empty.
+DEFAULT_SERDE = "serde.IdentitySerDe"
+
+#: Top-level fields of FunctionConfig, in the order of FunctionConfig.java.
+FUNCTION_CONFIG_FIELDS: Tuple[str, ...] = (
+    "runtimeFlags",
+    "tenant",
+    "namespace",
+    "name",
+    "className",
+    "inputs",
+    "customSerdeInputs",
+    "topicsPattern",
+    "customSchemaInputs",
+    "customSchemaOutputs",
+    "inputSpecs",
+    "inputTypeClassName",
+    "output",
+    "producerConfig",
+    "outputSchemaType",
+    "outputTypeClassName",
+    "outputSerdeClassName",
+    "logTopic",
+    "logLevel",
+    "processingGuarantees",
+    "retainOrdering",
+    "retainKeyOrdering",
+    "batchBuilder",
+    "forwardSourceMessageProperty",
+    "userConfig",
+    "secrets",
+    "runtime",
+    "autoAck",
+    "maxMessageRetries",
+    "deadLetterTopic",
+    "subName",
+    "parallelism",
+    "resources",
+    "fqfn",
+    "windowConfig",
+    "timeoutMs",
+    "jar",
+    "py",
+    "go",
+    "functionType",
+    "cleanupSubscription",
+    "customRuntimeOptions",
+    "maxPendingAsyncRequests",
+    "exposePulsarAdminClientEnabled",
+    "skipToLatest",
+    "subscriptionPosition",
+)
+
+#: ConsumerConfig (value type of ``inputSpecs``).
+CONSUMER_CONFIG_FIELDS: Tuple[str, ...] = (
+    "schemaType",
+    "serdeClassName",
+    "regexPattern",
+    "schemaProperties",
+    "consumerProperties",
+    "receiverQueueSize",
+    "cryptoConfig",
+    "messagePayloadProcessorConfig",
+    "poolMessages",
+)
+
+#: ProducerConfig (``producerConfig``).
+PRODUCER_CONFIG_FIELDS: Tuple[str, ...] = (
+    "maxPendingMessages",
+    "maxPendingMessagesAcrossPartitions",
+    "useThreadLocalProducers",
+    "cryptoConfig",
+    "batchBuilder",
+    "compressionType",
+    "batchingConfig",
+)
+
+#: BatchingConfig (``producerConfig.batchingConfig``).
+BATCHING_CONFIG_FIELDS: Tuple[str, ...] = (
+    "enabled",
+    "batchingMaxPublishDelayMs",
+    "roundRobinRouterBatchingPartitionSwitchFrequency",
+    "batchingMaxMessages",
+    "batchingMaxBytes",
+    "batchBuilder",
+)
+
+#: CryptoConfig (``producerConfig.cryptoConfig`` and ``inputSpecs.<t>.cryptoConfig``).
+CRYPTO_CONFIG_FIELDS: Tuple[str, ...] = (
+    "cryptoKeyReaderClassName",
+    "cryptoKeyReaderConfig",
+    "encryptionKeys",
+    "producerCryptoFailureAction",
+    "consumerCryptoFailureAction",
+)
+
+#: Resources (``resources``).
+RESOURCES_FIELDS: Tuple[str, ...] = ("cpu", "ram", "disk")
+
+#: WindowConfig (``windowConfig``; Java only).
+WINDOW_CONFIG_FIELDS: Tuple[str, ...] = (
+    "windowLengthCount",
+    "windowLengthDurationMs",
+    "slidingIntervalCount",
+    "slidingIntervalDurationMs",
+    "lateDataTopic",
+    "maxLagMs",
+    "watermarkEmitIntervalMs",
+    "timestampExtractorClassName",
+    "actualWindowFunctionClassName",
+    "processingGuarantees",
+)
+
+#: MessagePayloadProcessorConfig (``inputSpecs.<t>.messagePayloadProcessorConfig``).
+MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS: Tuple[str, ...] = ("className", "config")
+
+# Enum values exactly as Jackson accepts them (case-sensitive).
+PROCESSING_GUARANTEES: Tuple[str, ...] = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
+SUBSCRIPTION_POSITIONS: Tuple[str, ...] = ("Latest", "Earliest")
+COMPRESSION_TYPES: Tuple[str, ...] = ("NONE", "LZ4", "ZLIB", "ZSTD", "SNAPPY")
+RUNTIMES: Tuple[str, ...] = ("JAVA", "PYTHON", "GO")
+BATCH_BUILDERS: Tuple[str, ...] = ("DEFAULT", "KEY_BASED")
+PRODUCER_CRYPTO_FAILURE_ACTIONS: Tuple[str, ...] = ("FAIL", "SEND")
+CONSUMER_CRYPTO_FAILURE_ACTIONS: Tuple[str, ...] = ("FAIL", "DISCARD", "CONSUME")
+WINDOW_PROCESSING_GUARANTEES: Tuple[str, ...] = ("ATLEAST_ONCE", "ATMOST_ONCE")
+#: Schema types the Python runtime knows by name (case-insensitive); anything else must be a
+#: "module.Class" custom schema class. "" means bytes + serde.
+PYTHON_SCHEMA_TYPES: Tuple[str, ...] = ("", "string", "json", "avro")
+
+
+class FunctionConfigError(ValueError):
+    """A function config file cannot be read or is not a YAML mapping."""
+
+
+class _LineLoader(yaml.SafeLoader):
+    """SafeLoader that keeps the composed node so key lines and duplicates can be reported."""
+
+
+def _walk_nodes(
+    node: yaml.Node, path: Tuple[Any, ...], lines: Dict[Tuple[Any, ...], int], dups: List[str]
+) -> None:
+    """Record the 1-based line of every mapping key and every duplicate key under ``node``."""
+    if isinstance(node, yaml.MappingNode):
+        seen: Dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else repr(key_node)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                where = "in " + ".".join(str(p) for p in path) if path else "at top level"
+                dups.append(f"{line}: duplicate key '{key}' {where} (first on line {seen[key]})")
+            else:
+                seen[key] = line
+            lines[path + (key,)] = line
+            _walk_nodes(value_node, path + (key,), lines, dups)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            _walk_nodes(item, path + (i,), lines, dups)
+
+
+def load_function_config_with_lines(
+    path: Union[str, Path],
+) -> Tuple[Dict[str, Any], Dict[Tuple[Any, ...], int]]:
+    """Load a function config YAML and return it with the line of each key path.
+
+    Key paths are tuples such as ``("inputSpecs", "persistent://t/n/x", "schemaType")``.
+    Raises FunctionConfigError for an unreadable file, invalid YAML, duplicate keys, or a
+    document that is not a mapping.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FunctionConfigError(f"{p}: cannot read function config: {exc}") from exc
+    loader = _LineLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{p}:{mark.line + 1}" if mark is not None else str(p)
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        context = f", {exc.context}" if exc.context else ""
+        raise FunctionConfigError(f"{where}: invalid YAML: {exc.problem}{context}{column}") from exc
+    except yaml.YAMLError as exc:
+        raise FunctionConfigError(f"{p}: invalid YAML: {_one_line(str(exc))}") from exc
+    finally:
+        loader.dispose()
+    if data is None:
+        raise FunctionConfigError(f"{p}: function config is empty; expected a YAML mapping")
+    if not isinstance(data, dict):
+        raise FunctionConfigError(
+            f"{p}: function config must be a YAML mapping of field names, got {type(data).__name__}"
+        )
+    lines: Dict[Tuple[Any, ...], int] = {}
+    dups: List[str] = []
+    _walk_nodes(node, (), lines, dups)
+    if dups:
+        raise FunctionConfigError(f"{p}:" + "; ".join(dups))
+    logger.debug("loaded function config %s (%d fields)", p, len(data))
+    return data, lines
+
+
+def load_function_config(path: Union[str, Path]) -> Dict[str, Any]:
+    """Load a function config YAML file into a dict (no validation beyond "is a mapping").
+
+    Raises FunctionConfigError (a ValueError) naming the file for an unreadable file, invalid
+    YAML, a duplicate key, or a document that is not a mapping.
+    """
+    return load_function_config_with_lines(path)[0]
+
+
+def _one_line(text: str) -> str:
+    return " ".join(part.strip() for part in text.splitlines() if part.strip())
+
+
+def infer_function_name(class_name: str) -> str:
+    """The name pulsar-admin infers when ``name`` is absent: the last dot-segment of className."""
+    return class_name.rsplit(".", 1)[-1]
+
+
+@dataclass
+class FunctionSpec:
+    """A function config resolved with Pulsar's defaults, as the local runner uses it.
+
+    ``inputs`` lists every input topic (``inputs``, ``inputSpecs`` keys, ``customSerdeInputs``
+    and ``customSchemaInputs`` keys, and ``topicsPattern``) in first-seen order; ``input_specs``
+    maps each to ``{"receiverQueueSize", "schemaType", "serdeClassName", "regexPattern"}``, where
+    an empty schemaType means bytes + serde and an empty serdeClassName means
+    ``serde.IdentitySerDe``, exactly as in the Python runtime.
+    """
+
+    class_name: str
+    name: str
+    tenant: str = "public"
+    namespace: str = "default"
+    inputs: List[str] = field(default_factory=list)
+    input_specs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
+    output: Optional[str] = None
+    output_serde_class_name: str = ""
+    output_schema_type: str = ""
+    input_type_class_name: Optional[str] = None
+    output_type_class_name: Optional[str] = None
+    log_topic: Optional[str] = None
+    processing_guarantees: str = "ATLEAST_ONCE"
+    auto_ack: bool = True
+    sub_name: str = ""
+    subscription_position: str = "Latest"
+    timeout_ms: Optional[int] = None
+    parallelism: int = 1
+    user_config: Dict[str, Any] = field(default_factory=dict)
+    secrets: Dict[str, Any] = field(default_factory=dict)
+    producer_config: Dict[str, Any] = field(default_factory=dict)
+    retain_ordering: bool = False
+    retain_key_ordering: bool = False
+    forward_source_message_property: bool = True
+    cleanup_subscription: bool = True
+    py: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not self.sub_name:
+            self.sub_name = f"{self.tenant}/{self.namespace}/{self.name}"
+
+    @property
+    def fqfn(self) -> str:
+        """Fully qualified function name ``tenant/namespace/name``."""
+        return f"{self.tenant}/{self.namespace}/{self.name}"
+
+
+# FunctionSpec field -> FunctionConfig key, for overrides given by spec field name.
+_SPEC_TO_CONFIG_KEY: Dict[str, str] = {
+    "class_name": "className",
+    "name": "name",
+    "tenant": "tenant",
+    "namespace": "namespace",
+    "inputs": "inputs",
+    "input_specs": "inputSpecs",
+    "output": "output",
+    "output_serde_class_name": "outputSerdeClassName",
+    "output_schema_type": "outputSchemaType",
+    "input_type_class_name": "inputTypeClassName",
+    "output_type_class_name": "outputTypeClassName",
+    "log_topic": "logTopic",
+    "processing_guarantees": "processingGuarantees",
+    "auto_ack": "autoAck",
+    "sub_name": "subName",
+    "subscription_position": "subscriptionPosition",
+    "timeout_ms": "timeoutMs",
+    "parallelism": "parallelism",
+    "user_config": "userConfig",
+    "secrets": "secrets",
+    "producer_config": "producerConfig",
+    "retain_ordering": "retainOrdering",
+    "retain_key_ordering": "retainKeyOrdering",
+    "forward_source_message_property": "forwardSourceMessageProperty",
+    "cleanup_subscription": "cleanupSubscription",
+    "py": "py",
+}
+assert set(_SPEC_TO_CONFIG_KEY) == {f.name for f in fields(FunctionSpec)}
+
+
+def _typed(cfg: Mapping[str, Any], key: str, kind: Union[type, Tuple[type, ...]], default: Any) -> Any:
+    """cfg[key] if present and of ``kind`` (bool is not an int here), else a clear error."""
+    value = cfg.get(key)
+    if value is None:
+        return default
+    bad_bool = isinstance(value, bool) and kind in (int, (int,))
+    if not isinstance(value, kind) or bad_bool:
+        expected = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise FunctionConfigError(
+            f"function config field '{key}' must be {expected}, got {type(value).__name__} {value!r}"
+        )
+    return value
+
+
+def _empty_input_spec() -> Dict[str, Any]:
+    return {"receiverQueueSize": None, "schemaType": "", "serdeClassName": "", "regexPattern": False}
+
+
+def _input_specs(cfg: Mapping[str, Any]) -> Tuple[List[str], Dict[str, Dict[str, Any]]]:
+    """Merge the four ways FunctionConfig names inputs the way FunctionConfigUtils.convert does."""
+    specs: Dict[str, Dict[str, Any]] = {}
+
+    def spec_for(topic: Any, key: str) -> Dict[str, Any]:
+        if not isinstance(topic, str) or not topic:
+            raise FunctionConfigError(f"function config field '{key}' has a non-string topic {topic!r}")
+        return specs.setdefault(topic, _empty_input_spec())
+
+    for topic in _typed(cfg, "inputs", list, []):
+        spec_for(topic, "inputs")
+    for topic, serde in _typed(cfg, "customSerdeInputs", dict, {}).items():
+        spec_for(topic, "customSerdeInputs")["serdeClassName"] = serde or ""
+    pattern = _typed(cfg, "topicsPattern", str, None)
+    if pattern:
+        spec_for(pattern, "topicsPattern")["regexPattern"] = True
+    for topic, conf in _typed(cfg, "customSchemaInputs", dict, {}).items():
+        spec = spec_for(topic, "customSchemaInputs")
+        parsed = _parse_custom_schema_input(topic, conf)
+        spec.update({k: v for k, v in parsed.items() if k in spec})
+    for topic, conf in _typed(cfg, "inputSpecs", dict, {}).items():
+        spec = spec_for(topic, "inputSpecs")
+        if conf is None:
+            continue
+        if not isinstance(conf, dict):
+            raise FunctionConfigError(
+                f"function config inputSpecs['{topic}'] must be a mapping, got {type(conf).__name__}"
+            )
+        for k in ("receiverQueueSize", "schemaType", "serdeClassName", "regexPattern"):
+            if conf.get(k) is not None:
+                spec[k] = conf[k]
+    return list(specs), specs
+
+
+def _parse_custom_schema_input(topic: str, conf: Any) -> Dict[str, Any]:
+    """customSchemaInputs values are a ConsumerConfig JSON (newer Pulsar) or a bare schema type."""
+    import json
+
+    if conf is None:
+        return {}
+    if not isinstance(conf, str):
+        raise FunctionConfigError(
+            f"function config customSchemaInputs['{topic}'] must be a string, got {type(conf).__name__}"
+        )
+    if conf.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(conf)
+        except ValueError as exc:
+            raise FunctionConfigError(
+                f"function config customSchemaInputs['{topic}'] is not valid ConsumerConfig JSON: {exc}"
+            ) from exc
+        if not isinstance(parsed, dict):
+            raise FunctionConfigError(f"function config customSchemaInputs['{topic}'] must be a JSON object")
+        return parsed
+    return {"schemaType": conf}
+
+
+def _normalise_overrides(overrides: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
+    """Map override keys (config camelCase or FunctionSpec snake_case) to config keys; drop Nones."""
+    out: Dict[str, Any] = {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key in _SPEC_TO_CONFIG_KEY:
+            out[_SPEC_TO_CONFIG_KEY[key]] = value
+        elif key in FUNCTION_CONFIG_FIELDS:
+            out[key] = value
+        else:
+            valid = sorted(set(FUNCTION_CONFIG_FIELDS) | set(_SPEC_TO_CONFIG_KEY))
+            raise FunctionConfigError(f"unknown override '{key}'. Valid overrides are [{', '.join(valid)}]")
+    return out
+
+
+def spec_from_config(cfg: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> FunctionSpec:
+    """Resolve a loaded config (plus CLI-style overrides) into a FunctionSpec with Pulsar's defaults.
+
+    ``overrides`` keys may be FunctionConfig keys (``subName``) or FunctionSpec field names
+    (``sub_name``); a None value means "not given" and leaves the config's value. Overrides replace
+    whole values (like pulsar-admin flags), they do not merge maps. Like ``functions localrun``,
+    this does not apply the ``functions create`` Python checks: use ``validate.validate_config``.
+    Raises FunctionConfigError when className is missing or a field used here has the wrong type.
+    """
+    if not isinstance(cfg, Mapping):
+        raise FunctionConfigError(f"function config must be a mapping, got {type(cfg).__name__}")
+    merged: Dict[str, Any] = dict(cfg)
+    merged.update(_normalise_overrides(overrides))
+
+    class_name = _typed(merged, "className", str, "")
+    if not class_name:
+        raise FunctionConfigError("function config has no 'className' (required for Python functions)")
+    tenant = _typed(merged, "tenant", str, "") or "public"
+    namespace = _typed(merged, "namespace", str, "") or "default"
+    name = _typed(merged, "name", str, "") or infer_function_name(class_name)
+    inputs, input_specs = _input_specs(merged)
+    timeout = _typed(merged, "timeoutMs", int, None)
+    spec = FunctionSpec(
+        class_name=class_name,
+        name=name,
+        tenant=tenant,
+        namespace=namespace,
+        inputs=inputs,
+        input_specs=input_specs,
+        output=_typed(merged, "output", str, None) or None,
+        output_serde_class_name=_typed(merged, "outputSerdeClassName", str, ""),
+        output_schema_type=_typed(merged, "outputSchemaType", str, ""),
+        input_type_class_name=_typed(merged, "inputTypeClassName", str, None),
+        output_type_class_name=_typed(merged, "outputTypeClassName", str, None),
+        log_topic=_typed(merged, "logTopic", str, None) or None,
+        processing_guarantees=_typed(merged, "processingGuarantees", str, "ATLEAST_ONCE"),
+        auto_ack=_typed(merged, "autoAck", bool, True),
+        sub_name=_typed(merged, "subName", str, ""),
+        subscription_position=_typed(merged, "subscriptionPosition", str, "Latest"),
+        timeout_ms=timeout,
+        parallelism=_typed(merged, "parallelism", int, 1),
+        user_config=dict(_typed(merged, "userConfig", dict, {})),
+        secrets=dict(_typed(merged, "secrets", dict, {})),
+        producer_config=dict(_typed(merged, "producerConfig", dict, {})),
+        retain_ordering=_typed(merged, "retainOrdering", bool, False),
+        retain_key_ordering=_typed(merged, "retainKeyOrdering", bool, False),
+        forward_source_message_property=_typed(merged, "forwardSourceMessageProperty", bool, True),
+        cleanup_subscription=_typed(merged, "cleanupSubscription", bool, True),
+        py=_typed(merged, "py", str, None),
+    )
+    logger.debug("function spec %s: inputs=%s output=%s", spec.fqfn, spec.inputs, spec.output)
+    return spec
