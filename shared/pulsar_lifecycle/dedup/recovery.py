@@ -1,0 +1,171 @@
+"""Rebuild a topic's sequence map after a crash: load the snapshot, replay the topic's tail.
+
+This is the client-side version of Pulsar's ``MessageDeduplication.replayCursor``. The tail is
+read with a Reader starting at the snapshot's entry (inclusive; re-reading entries is harmless
+because the map only ever takes maxima) and stops at the topic's last message id, measured once
+before reading. The loop is bounded by time and by message count: the embedded broker's Reader
+may deliver duplicates under load, so the count bound is generous, and running out of either
+bound is an error rather than a silent partial recovery.
+"""
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import pulsar
+
+from .sequence_map import DedupError, Position
+
+log = logging.getLogger(__name__)
+
+PRODUCER_PROPERTY = "__pl_producer__"
+SEQUENCE_PROPERTY = "__pl_seq__"
+# How long to wait for the rest of the last entry's batch once its first message was read.
+END_DRAIN_MS = 200
+
+
+class RecoveryError(DedupError):
+    """The topic's tail could not be replayed completely."""
+
+
+@dataclass(frozen=True)
+class TailStats:
+    """What one tail replay read."""
+
+    topic: str
+    start: Optional[Position]
+    end: Optional[Position]
+    messages_read: int
+    matched: int
+    seconds: float
+
+
+def position_of(message_id: object) -> Position:
+    """A Position from a pulsar-client MessageId (either the wrapper or `_pulsar.MessageId`)."""
+    return Position(
+        ledger_id=int(message_id.ledger_id()),  # type: ignore[attr-defined]
+        entry_id=int(message_id.entry_id()),  # type: ignore[attr-defined]
+        batch_index=int(message_id.batch_index()),  # type: ignore[attr-defined]
+        partition=int(message_id.partition()),  # type: ignore[attr-defined]
+    )
+
+
+def last_position(client: pulsar.Client, topic: str, *, probe_timeout_ms: int = 500) -> Optional[Position]:
+    """The topic's last entry, or None when the topic holds no message.
+
+    The Python Reader has no get_last_message_id, so a throw-away Shared subscription is made,
+    asked and unsubscribed. pulsar-lite answers an empty topic with UnknownError ("Topic has no
+    messages"); that answer is confirmed with a short read from the earliest message, because an
+    UnknownError on a non-empty topic must not be mistaken for "nothing to replay".
+    """
+    sub = f"__pl_dedup_probe_{uuid.uuid4().hex[:12]}"
+    consumer = client.subscribe(
+        topic, sub, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1,
+        initial_position=pulsar.InitialPosition.Latest,
+    )
+    try:
+        try:
+            last = position_of(consumer.get_last_message_id())
+        except pulsar.UnknownError:
+            last = None
+    finally:
+        try:
+            consumer.unsubscribe()
+        except pulsar.PulsarException as exc:  # a leftover probe subscription is only litter
+            log.warning("event=dedup_probe_unsubscribe_failed topic=%s subscription=%s error=%s", topic, sub, exc)
+            consumer.close()
+    if last is not None:
+        # Real Pulsar reports an empty topic as entry -1 of its current ledger.
+        return last if last.entry_id >= 0 and last.ledger_id >= 0 else None
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1)
+    try:
+        msg = reader.read_next(probe_timeout_ms)
+    except pulsar.Timeout:
+        return None
+    finally:
+        reader.close()
+    raise RecoveryError(
+        f"topic {topic}: the broker could not report the last message id but the topic holds "
+        f"messages (first {position_of(msg.message_id())}); refusing a replay with no end"
+    )
+
+
+def read_tail(
+    client: pulsar.Client,
+    topic: str,
+    start: Optional[Position],
+    on_message: Callable[[pulsar.Message], bool],
+    *,
+    timeout_s: float = 120.0,
+    max_messages: int = 10_000_000,
+) -> TailStats:
+    """Feed every message from `start`'s entry (inclusive; None = earliest) to the last one.
+
+    `on_message` returns True when the message was relevant (counted as `matched`).
+    Raises RecoveryError when `timeout_s` or `max_messages` runs out before the end.
+    """
+    t0 = time.monotonic()
+    deadline = t0 + timeout_s
+    end = last_position(client, topic)
+    if end is None or (start is not None and end.entry() < start.entry()):
+        if end is not None:
+            log.warning(
+                "event=dedup_snapshot_beyond_topic_end topic=%s snapshot_position=%s last=%s",
+                topic, start, end,
+            )
+        return TailStats(topic, start, end, 0, 0, time.monotonic() - t0)
+    # The snapshot's own entry is read again: a snapshot taken inside a batch is exact only up
+    # to its batch index, while the rest of that batch was persisted at the same moment.
+    start_id = (
+        pulsar.MessageId(-1, start.ledger_id, start.entry_id, -1) if start is not None else pulsar.MessageId.earliest
+    )
+    reader = client.create_reader(topic, start_id, start_message_id_inclusive=True, receiver_queue_size=1000)
+    read = matched = 0
+    end_key = (end.ledger_id, end.entry_id)
+    at_end = False
+    try:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if at_end:
+                    break
+                raise RecoveryError(
+                    f"topic {topic}: replay from {start} did not reach the last entry {end} within "
+                    f"{timeout_s:.0f}s ({read} messages read); raise recovery_timeout_s"
+                )
+            if read >= max_messages:
+                raise RecoveryError(
+                    f"topic {topic}: replay from {start} read {read} messages without reaching {end}; "
+                    "raise recovery_max_messages"
+                )
+            wait_ms = END_DRAIN_MS if at_end else 1000
+            try:
+                msg = reader.read_next(max(1, int(min(remaining * 1000, wait_ms))))
+            except pulsar.Timeout:
+                if at_end:
+                    break
+                continue
+            mid = msg.message_id()
+            key = (mid.ledger_id(), mid.entry_id())
+            if at_end and key != end_key:
+                # The last entry's batch arrived whole and contiguous; anything else is either
+                # newer than the measured end or a re-delivery of what was already applied.
+                break
+            read += 1
+            if on_message(msg):
+                matched += 1
+            if key >= end_key:
+                # The last entry may be a batch: keep reading its remaining messages, which the
+                # client has already queued, then stop.
+                at_end = True
+    finally:
+        reader.close()
+    stats = TailStats(topic, start, end, read, matched, time.monotonic() - t0)
+    log.info(
+        "event=dedup_tail_replayed topic=%s start=%s end=%s read=%d matched=%d seconds=%.3f",
+        topic, start, end, read, matched, stats.seconds,
+    )
+    return stats
