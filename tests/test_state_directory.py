@@ -29,12 +29,7 @@ def open_store(tmp_path: Path) -> Iterator[Callable[..., StateStore]]:
 class TestDirectoryContract(StateStoreContract):
     """The shared StateStore behaviour on the local directory backend."""
 
-    # urllib.parse.quote leaves '.', so the keys "." and ".." name the directory itself / its
-    # parent. Fix in DirectoryStateStore._name (e.g. escape '.' when the quoted name is "." or
-    # ".."); then this xfail turns into a failure and should be removed.
-    @pytest.mark.xfail(strict=True, raises=OSError, reason="DirectoryStateStore maps '.'/'..' keys onto directories")
-    def test_dot_keys(self, open_store: Callable[..., StateStore]) -> None:
-        super().test_dot_keys(open_store)
+    pass
 
 
 def test_layout_uses_pulsar_table_naming(tmp_path: Path) -> None:

@@ -47,6 +47,16 @@ def find_binary() -> Path:
     return binary
 
 
+def _die_with_parent() -> None:
+    # Linux PR_SET_PDEATHSIG: a SIGKILLed local runner must not leave its broker holding the db lock.
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on `host` a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -77,6 +87,7 @@ class EmbeddedBroker:
     log_level: str = "warn"
     metrics_port: Optional[int] = None
     start_timeout: float = 15.0
+    die_with_parent: bool = False
     _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _tmp: Optional[str] = field(default=None, init=False, repr=False)
     _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
@@ -137,6 +148,7 @@ class EmbeddedBroker:
         self._proc = subprocess.Popen(
             cmd, cwd=self.data_dir, stdout=self._log_file, stderr=self._log_file,
             stdin=subprocess.DEVNULL, start_new_session=True,
+            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:

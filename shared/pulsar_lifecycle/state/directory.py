@@ -47,7 +47,9 @@ class DirectoryStateStore:
     @staticmethod
     def _name(key: str) -> str:
         # quote() keeps any key (slashes, unicode) a single safe file name.
-        return urllib.parse.quote(key, safe="") or "%00"
+        name = urllib.parse.quote(key, safe="")
+        # "." and ".." would name the directory itself or its parent.
+        return {"": "%00", ".": "%2E", "..": "%2E%2E"}.get(name, name)
 
     def _value_path(self, key: str) -> Path:
         return self.path / "values" / self._name(key)

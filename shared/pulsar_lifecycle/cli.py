@@ -1,0 +1,171 @@
+"""`pulsar-lifecycle`: local run mode, config validation, packaging and operator tools."""
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import click
+
+from .logging_setup import setup_logging
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--log-level", default="INFO", show_default=True,
+              type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
+def main(log_level: str) -> None:
+    """Pulsar Functions for ledger lifecycle: two-phase deletion, delayed delivery, de-duplication."""
+    setup_logging(log_level)
+
+
+def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--user-config") from exc
+    if not isinstance(value, dict):
+        raise click.BadParameter("must be a JSON object", param_hint="--user-config")
+    return value
+
+
+@main.command()
+@click.option("--function-config-file", "--functionConfigFile", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="Function config YAML, as for pulsar-admin functions create/localrun.")
+@click.option("--broker-service-url", default=None, help="pulsar:// URL; omitted = start the embedded pulsar-lite broker.")
+@click.option("--state-storage-service-url", "--stateStorageServiceUrl", default=None,
+              help="bk://host:4181 for BookKeeper's table service; omitted = durable local directory store.")
+@click.option("--user-config", default=None, help="JSON object replacing the config's userConfig.")
+@click.option("--parallelism", type=int, default=None)
+@click.option("--tenant", default=None)
+@click.option("--namespace", default=None)
+@click.option("--name", default=None)
+@click.option("--classname", "--className", "class_name", default=None)
+@click.option("-i", "--inputs", default=None, help="Comma-separated input topics.")
+@click.option("-o", "--output", default=None)
+@click.option("--subs-name", default=None)
+@click.option("--subs-position", type=click.Choice(["Latest", "Earliest"]), default=None)
+@click.option("--processing-guarantees", type=click.Choice(["ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL"]), default=None)
+@click.option("--auto-ack", type=bool, default=None)
+@click.option("--timeout-ms", type=int, default=None)
+@click.option("--client-auth-plugin", default=None)
+@click.option("--client-auth-params", default=None)
+@click.option("--use-tls", type=bool, default=False)
+@click.option("--tls-allow-insecure", type=bool, default=False)
+@click.option("--hostname-verification-enabled", type=bool, default=False)
+@click.option("--tls-trust-cert-path", default=None)
+@click.option("--instance-id-offset", type=int, default=0)
+@click.option("--metrics-port-start", "metrics_port", type=int, default=None,
+              help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = any free port).")
+@click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
+              help="Embedded broker data and local function state; kept across restarts.")
+@click.option("--embedded-broker-port", type=int, default=0, help="Port of the embedded broker (0 = a free one).")
+@click.option("--run-seconds", type=float, default=None, help="Stop by itself after this long (for scripts).")
+def localrun(config_file: Optional[str], broker_service_url: Optional[str], state_storage_service_url: Optional[str],
+             user_config: Optional[str], parallelism: Optional[int], tenant: Optional[str], namespace: Optional[str],
+             name: Optional[str], class_name: Optional[str], inputs: Optional[str], output: Optional[str],
+             subs_name: Optional[str], subs_position: Optional[str], processing_guarantees: Optional[str],
+             auto_ack: Optional[bool], timeout_ms: Optional[int], client_auth_plugin: Optional[str],
+             client_auth_params: Optional[str], use_tls: bool, tls_allow_insecure: bool,
+             hostname_verification_enabled: bool, tls_trust_cert_path: Optional[str], instance_id_offset: int,
+             metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
+    """Run a function locally, like `pulsar-admin functions localrun`."""
+    from .config.function_config import FunctionConfigError, load_function_config, spec_from_config
+    from .runtime.broker import BrokerError
+    from .runtime.client import ClientSettings
+    from .runtime.localrun import LocalRunner, LocalRunOptions
+    from .state.base import StateError
+
+    log = logging.getLogger("pulsar_lifecycle.localrun")
+    try:
+        cfg = load_function_config(config_file) if config_file else {}
+        overrides = {
+            "tenant": tenant, "namespace": namespace, "name": name, "className": class_name,
+            "inputs": inputs.split(",") if inputs else None, "output": output, "subName": subs_name,
+            "subscriptionPosition": subs_position, "processingGuarantees": processing_guarantees,
+            "autoAck": auto_ack, "timeoutMs": timeout_ms, "parallelism": parallelism,
+            "userConfig": _user_config(user_config),
+        }
+        spec = spec_from_config(cfg, overrides)
+    except FunctionConfigError as exc:
+        raise click.ClickException(str(exc)) from exc
+    opts = LocalRunOptions(
+        broker_service_url=broker_service_url, state_storage_service_url=state_storage_service_url,
+        client=ClientSettings(broker_service_url or "", client_auth_plugin, client_auth_params, use_tls,
+                              tls_allow_insecure, hostname_verification_enabled, tls_trust_cert_path),
+        data_dir=Path(data_dir), metrics_port=metrics_port, embedded_broker_port=embedded_broker_port,
+        instance_id_offset=instance_id_offset,
+    )
+    runner = LocalRunner(spec, opts)
+    try:
+        runner.start()
+    except (BrokerError, StateError, ValueError, ImportError, RuntimeError) as exc:
+        runner.stop()
+        raise click.ClickException(f"cannot start {spec.fqfn}: {exc}") from exc
+    click.echo(f"running {spec.fqfn} ({spec.class_name}) on {runner.service_url}; Ctrl-C stops", err=True)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("event=signal_received signal=%d", signum)
+        runner._stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    runner.wait(run_seconds)
+    runner.stop()
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path())
+def validate(files: Tuple[str, ...]) -> None:
+    """Check function-config YAMLs as pulsar-admin functions create would (exit 1 on problems)."""
+    from .config.validate import validate_files
+    from .function_registry import USER_CONFIG_KEYS
+
+    problems = validate_files(list(files), user_config_keys=USER_CONFIG_KEYS)
+    for line in problems:
+        click.echo(line, err=True)
+    if problems:
+        sys.exit(1)
+    click.echo(f"{len(files)} config(s) OK")
+
+
+@main.command()
+@click.option("--project-dir", type=click.Path(file_okay=False, exists=True), default=".", show_default=True)
+@click.option("--out-dir", type=click.Path(file_okay=False), default="dist", show_default=True)
+@click.option("--stem", default="pulsar-lifecycle", show_default=True, help="Zip name = top-level folder name.")
+@click.option("--python-version", default=None, help="Worker's Python, e.g. 3.11 (default: this interpreter's).")
+@click.option("--platform", "platform_tag", default=None, help="Worker's wheel platform, e.g. manylinux2014_x86_64.")
+@click.option("--exclude", multiple=True, help="Distribution to leave out of deps/ (e.g. pulsar-client).")
+@click.option("--wheel/--no-wheel", default=True, show_default=True, help="Also build the project wheel.")
+def package(project_dir: str, out_dir: str, stem: str, python_version: Optional[str], platform_tag: Optional[str],
+            exclude: Tuple[str, ...], wheel: bool) -> None:
+    """Build the zip `pulsar-admin functions create --py` takes (and a wheel)."""
+    from .packaging.zip_builder import build_function_zip, build_wheel
+
+    zpath = build_function_zip(Path(project_dir), Path(out_dir), stem=stem, python_version=python_version,
+                               platform=platform_tag, exclude=exclude)
+    click.echo(f"zip: {zpath}")
+    if wheel:
+        click.echo(f"wheel: {build_wheel(Path(project_dir), Path(out_dir))}")
+
+
+def _register_optional_groups() -> None:
+    # Feature groups live with their features; a missing one must not break the others.
+    import importlib
+
+    for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo")):
+        try:
+            cmd = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+        main.add_command(cmd)
+
+
+_register_optional_groups()
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,54 @@
+"""Building a pulsar.Client the way the Pulsar Python runtime does, with quiet logs."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Optional
+
+import pulsar
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Connection flags of `pulsar-admin functions localrun` that reach the client."""
+
+    service_url: str
+    auth_plugin: Optional[str] = None
+    auth_params: Optional[str] = None
+    use_tls: bool = False
+    tls_allow_insecure: bool = False
+    hostname_verification_enabled: bool = False
+    tls_trust_cert_path: Optional[str] = None
+
+
+def _pulsar_logger() -> logging.Logger:
+    # The C++ core logs every connection at INFO; route it through Python logging at WARNING.
+    lg = logging.getLogger("pulsar.client")
+    if lg.level == logging.NOTSET:
+        lg.setLevel(logging.WARNING)
+    return lg
+
+
+def make_client(settings: ClientSettings) -> pulsar.Client:
+    """A client with the runtime's settings (1 io thread, 1 listener thread, 30 s operations)."""
+    auth = None
+    if settings.auth_plugin:
+        auth = pulsar.Authentication(settings.auth_plugin, settings.auth_params or "")
+    return pulsar.Client(
+        settings.service_url,
+        authentication=auth,
+        operation_timeout_seconds=30,
+        io_threads=1,
+        message_listener_threads=1,
+        concurrent_lookup_requests=50000,
+        use_tls=settings.use_tls or settings.service_url.startswith("pulsar+ssl://"),
+        tls_trust_certs_file_path=settings.tls_trust_cert_path,
+        tls_allow_insecure_connection=settings.tls_allow_insecure,
+        tls_validate_hostname=settings.hostname_verification_enabled,
+        logger=_pulsar_logger(),
+    )
+
+
+def quiet_client(service_url: str) -> pulsar.Client:
+    """A plain client for tools and tests, logging at WARNING."""
+    return pulsar.Client(service_url, operation_timeout_seconds=30, logger=_pulsar_logger())

@@ -1,0 +1,236 @@
+"""One function instance, consuming and acknowledging exactly as Pulsar's python_instance.py.
+
+- Each input consumer's message listener puts the message on a queue of one; a single
+  execution thread calls process(), so one message is in flight per instance.
+- ATMOST_ONCE acks on receipt; ATLEAST_ONCE (autoAck) acks after the output's publish
+  succeeded, or at once when there is no output; MANUAL / autoAck=false never acks.
+- process() raising -> negative_acknowledge; a failed publish -> negative_acknowledge.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import queue
+import threading
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import pulsar
+
+from .classloader import import_class, instantiate_function
+from .context import LocalContext
+
+log = logging.getLogger(__name__)
+
+_POSITIONS = {"Earliest": pulsar.InitialPosition.Earliest, "Latest": pulsar.InitialPosition.Latest}
+_COMPRESSION = {
+    "NONE": pulsar.CompressionType.NONE, "LZ4": pulsar.CompressionType.LZ4, "ZLIB": pulsar.CompressionType.ZLib,
+    "ZSTD": pulsar.CompressionType.ZSTD, "SNAPPY": pulsar.CompressionType.SNAPPY,
+}
+
+
+@dataclass
+class _Item:
+    message: pulsar.Message
+    topic: str
+    consumer: pulsar.Consumer
+
+
+class FunctionInstance:
+    """Runs one instance of a function against a broker until stopped."""
+
+    def __init__(self, spec: Any, context: LocalContext, client: pulsar.Client, nack_delay_ms: int = 60000) -> None:
+        self.spec = spec
+        self.context = context
+        self.client = client
+        self.guarantee = (spec.processing_guarantees or "ATLEAST_ONCE").upper()
+        self.auto_ack = bool(spec.auto_ack) and self.guarantee != "MANUAL"
+        self._queue: "queue.Queue[_Item]" = queue.Queue(1)
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._consumers: Dict[str, pulsar.Consumer] = {}
+        self._producer: Optional[pulsar.Producer] = None
+        self._function: Any = None
+        self._input_serdes: Dict[str, Any] = {}
+        self._output_serde: Any = None
+        self.nack_delay_ms = nack_delay_ms
+
+    # -- set-up -------------------------------------------------------------------------------------
+    def _consumer_type(self) -> pulsar.ConsumerType:
+        if getattr(self.spec, "retain_key_ordering", False):
+            return pulsar.ConsumerType.KeyShared
+        if getattr(self.spec, "retain_ordering", False) or self.guarantee == "EFFECTIVELY_ONCE":
+            return pulsar.ConsumerType.Failover
+        return pulsar.ConsumerType.Shared
+
+    def start(self) -> None:
+        """Load the class, subscribe every input and start the execution thread."""
+        self._function = instantiate_function(self.spec.class_name)
+        self._output_serde = import_class(self.spec.output_serde_class_name or "serde.IdentitySerDe")()
+        position = _POSITIONS.get(self.spec.subscription_position or "Latest", pulsar.InitialPosition.Latest)
+        for topic in self.spec.inputs:
+            ispec = (self.spec.input_specs or {}).get(topic, {}) or {}
+            schema_type = (ispec.get("schemaType") or "").lower()
+            if schema_type not in ("", "bytes", "string"):
+                raise ValueError(
+                    f"input {topic}: schemaType {schema_type!r} is not supported by the local run mode "
+                    "(use bytes with a serde; the embedded broker cannot serve Avro schemas)"
+                )
+            self._input_serdes[topic] = (
+                None if schema_type == "string"
+                else import_class(ispec.get("serdeClassName") or "serde.IdentitySerDe")()
+            )
+            kwargs: Dict[str, Any] = {}
+            if self.spec.timeout_ms:
+                kwargs["unacked_messages_timeout_ms"] = int(self.spec.timeout_ms)
+            if ispec.get("receiverQueueSize"):
+                kwargs["receiver_queue_size"] = int(ispec["receiverQueueSize"])
+            consumer = self.client.subscribe(
+                topic,
+                self.spec.sub_name,
+                consumer_type=self._consumer_type(),
+                initial_position=position,
+                message_listener=self._make_listener(topic),
+                negative_ack_redelivery_delay_ms=self.nack_delay_ms,
+                properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
+                            "instance_id": str(self.context.identity.instance_id)},
+                **kwargs,
+            )
+            self._consumers[topic] = consumer
+            self.context.consumers[topic] = consumer
+        self._thread = threading.Thread(target=self._run, name=f"fn-{self.context.identity.name}-{self.context.identity.instance_id}", daemon=True)
+        self._thread.start()
+        log.info("event=instance_started fqfn=%s instance=%d inputs=%s output=%s guarantee=%s",
+                 self.context.identity.fqfn, self.context.identity.instance_id, self.spec.inputs,
+                 self.spec.output, self.guarantee)
+
+    def _make_listener(self, topic: str):
+        def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
+            if self.guarantee == "ATMOST_ONCE" and self.auto_ack:
+                consumer.acknowledge(message)
+            item = _Item(message, topic, consumer)
+            # Block like the runtime's queue.Queue(1).put(): back-pressure on the listener thread.
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(item, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+        return listener
+
+    def _setup_producer(self) -> Optional[pulsar.Producer]:
+        if not self.spec.output:
+            return None
+        if self._producer is None:
+            pc = self.spec.producer_config or {}
+            batching = (pc.get("batchingConfig") or {})
+            self._producer = self.client.create_producer(
+                self.spec.output,
+                block_if_queue_full=True,
+                batching_enabled=bool(batching.get("enabled", True)),
+                batching_max_publish_delay_ms=int(batching.get("batchingMaxPublishDelayMs", 10)),
+                compression_type=_COMPRESSION.get(str(pc.get("compressionType", "LZ4")).upper(), pulsar.CompressionType.LZ4),
+                send_timeout_millis=0,
+                properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
+                            "instance_id": str(self.context.identity.instance_id)},
+            )
+        return self._producer
+
+    # -- execution ------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                item = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            self._execute(item)
+
+    def _deserialize(self, item: _Item) -> Any:
+        serde = self._input_serdes.get(item.topic)
+        if serde is None and item.topic not in self._input_serdes:
+            serde = self._input_serdes.get(next(iter(self._input_serdes)))
+        if serde is None:
+            return item.message.data().decode("utf-8")
+        return serde.deserialize(item.message.data())
+
+    def _execute(self, item: _Item) -> None:
+        ident = self.context.identity
+        self.context.metrics.received.labels(ident.fqfn, str(ident.instance_id)).inc()
+        self.context.set_current_message(item.message)
+        try:
+            value = self._deserialize(item)
+            if _is_module(self._function):
+                output = self._function.process(value)  # pure-function mode: module-level process(input)
+            else:
+                output = self._function.process(value, self.context)
+        except Exception as exc:
+            log.warning("event=process_failed fqfn=%s topic=%s msg_id=%s error=%r",
+                        ident.fqfn, item.topic, item.message.message_id(), exc)
+            self.context.metrics.user_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
+            item.consumer.negative_acknowledge(item.message)
+            return
+        self._handle_output(item, output)
+
+    def _handle_output(self, item: _Item, output: Any) -> None:
+        ident = self.context.identity
+        producer = self._setup_producer() if output is not None else None
+        if producer is None:
+            if self.auto_ack and self.guarantee == "ATLEAST_ONCE":
+                item.consumer.acknowledge(item.message)
+            self.context.metrics.processed.labels(ident.fqfn, str(ident.instance_id)).inc()
+            return
+        try:
+            payload = self._output_serde.serialize(output)
+        except Exception as exc:
+            log.warning("event=serialize_failed fqfn=%s error=%r", ident.fqfn, exc)
+            self.context.metrics.system_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
+            item.consumer.negative_acknowledge(item.message)
+            return
+        props: Dict[str, str] = {}
+        if getattr(self.spec, "forward_source_message_property", True):
+            props.update(item.message.properties())
+        props["__pfn_input_topic__"] = item.topic
+        props["__pfn_input_msg_id__"] = base64.urlsafe_b64encode(item.message.message_id().serialize()).decode()
+
+        def done(result: pulsar.Result, _msg_id: Any) -> None:
+            if result == pulsar.Result.Ok:
+                if self.auto_ack and self.guarantee in ("ATLEAST_ONCE", "EFFECTIVELY_ONCE"):
+                    item.consumer.acknowledge(item.message)
+                self.context.metrics.processed.labels(ident.fqfn, str(ident.instance_id)).inc()
+            else:
+                log.warning("event=publish_failed fqfn=%s topic=%s result=%s", ident.fqfn, self.spec.output, result)
+                self.context.metrics.system_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
+                item.consumer.negative_acknowledge(item.message)
+
+        producer.send_async(payload, done, properties=props)
+
+    # -- shutdown --------------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop taking messages, flush outputs and close consumers (unacked ones are redelivered)."""
+        self._stop.set()
+        if self._thread:
+            self._thread.join(timeout=10)
+        closer = getattr(self._function, "close", None)
+        if callable(closer):
+            try:
+                closer()
+            except Exception as exc:
+                log.warning("event=function_close_failed fqfn=%s error=%r", self.context.identity.fqfn, exc)
+        for p in [self._producer]:
+            if p is not None:
+                try:
+                    p.flush()
+                except Exception:
+                    pass
+        self.context.flush_publishers()
+        for c in self._consumers.values():
+            try:
+                c.close()
+            except Exception:
+                pass
+        log.info("event=instance_stopped fqfn=%s instance=%d", self.context.identity.fqfn, self.context.identity.instance_id)
+
+
+def _is_module(obj: Any) -> bool:
+    return isinstance(obj, types.ModuleType)
