@@ -1,0 +1,128 @@
+"""Pulsar admin REST: topic internal stats (reference §6) and partitioned-topic creation.
+
+internalStats gives the ledgers a topic still uses: `ledgers[].ledgerId`,
+`cursors.*.cursorLedger`, `schemaLedgers[].ledgerId` (and `compactedLedger.ledgerId`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Set
+
+from .base import StorageError
+from .http import HttpEndpoints
+
+if TYPE_CHECKING:
+    from ..deletion.model import TopicRef
+
+log = logging.getLogger(__name__)
+
+
+def ledger_ids_from_internal_stats(stats: Dict[str, Any]) -> Set[int]:
+    """The in-use ledger ids named by one PersistentTopicInternalStats JSON."""
+    if not isinstance(stats, dict):
+        raise StorageError(f"internalStats is not a JSON object: {str(stats)[:200]!r}")
+    ids: Set[int] = set()
+    try:
+        for item in stats.get("ledgers") or []:
+            ids.add(int(item["ledgerId"]))
+        for cursor in (stats.get("cursors") or {}).values():
+            if cursor.get("cursorLedger") is not None:
+                ids.add(int(cursor["cursorLedger"]))
+        for item in stats.get("schemaLedgers") or []:
+            ids.add(int(item["ledgerId"]))
+        compacted = stats.get("compactedLedger")
+        if isinstance(compacted, dict) and compacted.get("ledgerId") is not None:
+            ids.add(int(compacted["ledgerId"]))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise StorageError(f"internalStats has an unexpected shape: {type(exc).__name__}: {exc}") from None
+    return {i for i in ids if i >= 0}  # -1 means "no ledger yet"
+
+
+@dataclass
+class PulsarAdminClient:
+    """The admin REST calls deletion needs, against one or more web service URLs."""
+
+    endpoints: HttpEndpoints
+    calls: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    @classmethod
+    def connect(cls, base_urls: Sequence[str], timeout: float = 10.0, token: Optional[str] = None) -> "PulsarAdminClient":
+        """A client for http(s)://broker:8080 URLs; `token` is sent as a Bearer token."""
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        return cls(HttpEndpoints(list(base_urls), timeout=timeout, headers=headers))
+
+    @staticmethod
+    def _path(topic: "TopicRef", suffix: str) -> str:
+        from ..deletion.model import java_url_encode
+
+        return f"/admin/v2/persistent/{topic.tenant}/{topic.namespace}/{java_url_encode(topic.local_name)}/{suffix}"
+
+    def _get(self, topic: "TopicRef", suffix: str) -> Optional[Dict[str, Any]]:
+        with self._lock:
+            self.calls += 1
+        res = self.endpoints.request("GET", self._path(topic, suffix))
+        log.debug("admin GET %s topic=%s status=%d", suffix, topic.short_name, res.status)
+        if res.status == 404:
+            return None
+        if res.status != 200:
+            raise StorageError(f"admin {suffix} {topic.short_name} answered {res.status}: {res.text[:200]!r}")
+        body = res.json()
+        if not isinstance(body, dict):
+            raise StorageError(f"admin {suffix} {topic.short_name}: not a JSON object")
+        return body
+
+    def internal_stats(self, topic: "TopicRef") -> Optional[Dict[str, Any]]:
+        """PersistentTopicInternalStats of a (partition) topic, or None if it does not exist."""
+        return self._get(topic, "internalStats")
+
+    def partitioned_internal_stats(self, topic: "TopicRef") -> Optional[Dict[str, Any]]:
+        """PartitionedTopicInternalStats, or None if `topic` is not a partitioned topic."""
+        return self._get(topic, "partitioned-internalStats")
+
+    def in_use_ledger_ids(self, topic: "TopicRef") -> Optional[Set[int]]:
+        """Ledger ids `topic` uses, over all partitions for a partitioned topic; None if no such topic.
+
+        A partition name is asked directly. A base name is asked as a plain topic first and, when
+        that is 404, as a partitioned topic (schema ledgers are requested under the base name)."""
+        stats = self.internal_stats(topic)
+        if stats is not None:
+            return ledger_ids_from_internal_stats(stats)
+        if topic.partition is not None:
+            return None
+        pstats = self.partitioned_internal_stats(topic)
+        if pstats is None:
+            return None
+        parts = pstats.get("partitions")
+        if not isinstance(parts, dict):
+            raise StorageError(f"partitioned-internalStats {topic.short_name}: no partitions object")
+        ids: Set[int] = set()
+        for part in parts.values():
+            ids |= ledger_ids_from_internal_stats(part)
+        return ids
+
+    def topic_internal_stats_any(self, topic: "TopicRef") -> Optional[Dict[str, Any]]:
+        """internalStats of a topic, or the partitions' stats merged under `partitions`."""
+        stats = self.internal_stats(topic)
+        if stats is not None or topic.partition is not None:
+            return stats
+        return self.partitioned_internal_stats(topic)
+
+    def create_partitioned_topic(self, topic: "TopicRef", partitions: int) -> bool:
+        """PUT .../partitions; True if created, False if it already existed (409)."""
+        with self._lock:
+            self.calls += 1
+        res = self.endpoints.request(
+            "PUT", self._path(topic, "partitions"), data=str(int(partitions)), headers={"Content-Type": "application/json"}
+        )
+        if res.status in (200, 204):
+            return True
+        if res.status == 409:
+            return False
+        raise StorageError(f"admin create partitioned {topic.short_name} answered {res.status}: {res.text[:200]!r}")
+
+    def close(self) -> None:
+        """Close pooled connections."""
+        self.endpoints.close()
