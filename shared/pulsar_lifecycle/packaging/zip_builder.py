@@ -9,6 +9,7 @@ dependency must be a wheel for the runtime's Python version and platform (``--no
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import re
 import shutil
@@ -241,7 +242,7 @@ def _copy_sources(project_dir: Path, src_dir: Path) -> List[str]:
     return names
 
 
-def _write_zip(root: Path, stem: str, zip_path: Path) -> None:
+def _write_zip(root: Path, zip_path: Path) -> None:
     tmp = zip_path.with_name(zip_path.name + ".part")
     with zipfile.ZipFile(tmp, "w") as zf:
         for path in sorted(root.rglob("*")):
@@ -305,7 +306,7 @@ def build_function_zip(
                 logger.info("dropping %s from deps", wheel.name)
                 wheel.unlink()
         logger.info("writing %s", zip_path)
-        _write_zip(root, stem, zip_path)
+        _write_zip(root, zip_path)
     logger.info("built %s (%d bytes)", zip_path, zip_path.stat().st_size)
     return zip_path
 
@@ -341,10 +342,9 @@ def build_wheel(project_dir: Path, out_dir: Path) -> Path:
         shutil.copytree(project_dir, copy, ignore=_wheel_copy_ignore(project_dir))
         built = Path(tmp) / "out"
         built.mkdir()
-        try:
-            import build  # noqa: F401  (only probing that the frontend exists)
+        if importlib.util.find_spec("build") is not None:
             cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(built), str(copy)]
-        except ModuleNotFoundError:
+        else:
             cmd = [*_pip(), "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(built), str(copy)]
         logger.info("building wheel of %s", project_dir)
         result = _run(cmd, "build wheel")
