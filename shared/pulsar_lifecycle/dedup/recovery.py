@@ -53,13 +53,16 @@ def position_of(message_id: object) -> Position:
     )
 
 
-def last_position(client: pulsar.Client, topic: str, *, probe_timeout_ms: int = 500) -> Optional[Position]:
+def last_position(
+    client: pulsar.Client, topic: str, *, probe_timeout_ms: int = 500, attempts: int = 3
+) -> Optional[Position]:
     """The topic's last entry, or None when the topic holds no message.
 
     The Python Reader has no get_last_message_id, so a throw-away Shared subscription is made,
     asked and unsubscribed. pulsar-lite answers an empty topic with UnknownError ("Topic has no
     messages"); that answer is confirmed with a short read from the earliest message, because an
-    UnknownError on a non-empty topic must not be mistaken for "nothing to replay".
+    UnknownError on a non-empty topic must not be mistaken for "nothing to replay". When the read
+    finds a message (another producer wrote meanwhile), the broker is asked again.
     """
     sub = f"__pl_dedup_probe_{uuid.uuid4().hex[:12]}"
     consumer = client.subscribe(
@@ -67,29 +70,33 @@ def last_position(client: pulsar.Client, topic: str, *, probe_timeout_ms: int = 
         initial_position=pulsar.InitialPosition.Latest,
     )
     try:
-        try:
-            last = position_of(consumer.get_last_message_id())
-        except pulsar.UnknownError:
-            last = None
+        for _attempt in range(attempts):
+            try:
+                last = position_of(consumer.get_last_message_id())
+            except pulsar.UnknownError:
+                last = None
+            if last is not None:
+                # Real Pulsar reports an empty topic as entry -1 of its current ledger.
+                return last if last.entry_id >= 0 and last.ledger_id >= 0 else None
+            reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1)
+            try:
+                first = reader.read_next(probe_timeout_ms)
+            except pulsar.Timeout:
+                return None
+            finally:
+                reader.close()
+            log.info(
+                "event=dedup_last_id_retry topic=%s first=%s", topic, position_of(first.message_id())
+            )
     finally:
         try:
             consumer.unsubscribe()
         except pulsar.PulsarException as exc:  # a leftover probe subscription is only litter
             log.warning("event=dedup_probe_unsubscribe_failed topic=%s subscription=%s error=%s", topic, sub, exc)
             consumer.close()
-    if last is not None:
-        # Real Pulsar reports an empty topic as entry -1 of its current ledger.
-        return last if last.entry_id >= 0 and last.ledger_id >= 0 else None
-    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1)
-    try:
-        msg = reader.read_next(probe_timeout_ms)
-    except pulsar.Timeout:
-        return None
-    finally:
-        reader.close()
     raise RecoveryError(
         f"topic {topic}: the broker could not report the last message id but the topic holds "
-        f"messages (first {position_of(msg.message_id())}); refusing a replay with no end"
+        f"messages ({attempts} attempts); refusing a replay with no end"
     )
 
 

@@ -1,0 +1,245 @@
+"""DedupPublisher against the real embedded broker (pulsar-lite has no de-duplication of its own)."""
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Dict, List
+
+import pulsar
+import pytest
+
+from pulsar_lifecycle.dedup import (
+    PRODUCER_PROPERTY,
+    SEQUENCE_PROPERTY,
+    DedupPublisher,
+    DedupSnapshot,
+    Outcome,
+    Position,
+    PublishResult,
+    SequenceError,
+    snapshot_key,
+)
+from pulsar_lifecycle.state.directory import DirectoryStateStore
+
+pytestmark = pytest.mark.integration
+
+NAME = "public/default/dedup-test-0-release"
+
+
+def make_client(url: str) -> pulsar.Client:
+    return pulsar.Client(url, operation_timeout_seconds=10, logger=pulsar.ConsoleLogger(pulsar.LoggerLevel.Warn))
+
+
+def make_store(tmp_path: Path) -> DirectoryStateStore:
+    return DirectoryStateStore(tmp_path / "state", "public", "default", "dedup")
+
+
+def count_topic(url: str, topic: str, expected: int, *, quiet_s: float = 1.5, limit_s: float = 60.0) -> Counter:
+    """Count (producer, seq) on `topic` with a fresh Shared subscription, bounded in time.
+
+    After `expected` messages it keeps listening for `quiet_s` so that extra copies are seen.
+    """
+    client = make_client(url)
+    counts: Counter = Counter()
+    try:
+        consumer = client.subscribe(
+            topic, f"count-{time.monotonic_ns()}", consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000,
+        )
+        deadline = time.monotonic() + limit_s
+        total = 0
+        while time.monotonic() < deadline:
+            wait_ms = int(quiet_s * 1000) if total >= expected else 1000
+            try:
+                msg = consumer.receive(wait_ms)
+            except pulsar.Timeout:
+                if total >= expected:
+                    break
+                continue
+            props = msg.properties()
+            counts[(props.get(PRODUCER_PROPERTY), int(props[SEQUENCE_PROPERTY]))] += 1
+            total += 1
+            consumer.acknowledge(msg)
+        consumer.unsubscribe()
+    finally:
+        client.close()
+    return counts
+
+
+def test_duplicates_are_dropped_and_callbacks_report(broker, unique, tmp_path):
+    topic = f"persistent://public/default/dd-{unique}"
+    client = make_client(broker.service_url)
+    results: List[PublishResult] = []
+    lock = threading.Lock()
+
+    def cb(r: PublishResult) -> None:
+        with lock:
+            results.append(r)
+
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        assert pub.open(topic) == -1
+        for seq in range(1, 101):
+            assert pub.publish(topic, f"m{seq}".encode(), seq, callback=cb) is Outcome.SENT
+        # Re-sends while the originals may still be in flight, and after.
+        for seq in range(50, 101):
+            assert pub.publish(topic, b"again", seq, callback=cb) is Outcome.DUPLICATE
+        pub.flush(30)
+        for seq in (1, 100):
+            assert pub.publish(topic, b"again", seq, callback=cb) is Outcome.DUPLICATE
+        assert pub.persisted_seq(topic) == 100 == pub.pushed_seq(topic)
+        pub.close()
+    finally:
+        client.close()
+    by_outcome = Counter(r.outcome for r in results)
+    assert by_outcome == {Outcome.PERSISTED: 100, Outcome.DUPLICATE: 53}
+    assert all(r.ok for r in results)
+    assert all(r.position is not None for r in results if r.outcome is Outcome.PERSISTED)
+    counts = count_topic(broker.service_url, topic, 100)
+    assert counts == Counter({(NAME, s): 1 for s in range(1, 101)})
+
+
+def test_ids_with_holes_and_bad_input(broker, unique, tmp_path):
+    topic = f"persistent://public/default/dd-{unique}"
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        ids = [(ledger << 28) | entry for ledger in (3, 4) for entry in (0, 1, 7)]  # Pulsar functions' scheme
+        for seq in ids:
+            assert pub.publish(topic, b"x", seq) is Outcome.SENT
+        assert pub.publish(topic, b"x", (3 << 28) | 5) is Outcome.DUPLICATE  # a hole below the highest
+        with pytest.raises(SequenceError, match="out of range"):
+            pub.publish(topic, b"x", 0)  # pulsar-client would silently drop 0
+        with pytest.raises(ValueError, match="reserved"):
+            pub.publish(topic, b"x", ids[-1] + 1, properties={PRODUCER_PROPERTY: "evil"})
+        with pytest.raises(TypeError, match="str -> str"):
+            pub.publish(topic, b"x", ids[-1] + 1, properties={"k": 1})  # type: ignore[dict-item]
+        with pytest.raises(TypeError, match="payload must be bytes"):
+            pub.publish(topic, "text", ids[-1] + 1)  # type: ignore[arg-type]
+        # The rejected calls did not consume the id.
+        assert pub.publish(topic, b"x", ids[-1] + 1, properties={"k": "v"}) is Outcome.SENT
+        pub.close()
+        assert pub.persisted_seq(topic) == ids[-1] + 1
+    finally:
+        client.close()
+    with pytest.raises(ValueError, match="producer_name"):
+        DedupPublisher(client, " ", make_store(tmp_path))
+
+
+def test_restart_recovers_from_snapshot_plus_tail(broker, unique, tmp_path):
+    """Publish 2500, crash without the final snapshot, recover, re-publish all: each once."""
+    topic = f"persistent://public/default/dd-{unique}"
+    store = make_store(tmp_path)
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, store)
+        for seq in range(1, 2501):
+            pub.publish(topic, f"m{seq}".encode(), seq)
+        pub.flush(60)
+        assert pub.persisted_seq(topic) == 2500
+        # "Crash": no close(), so the last snapshot is the one taken at 2000 persisted entries.
+    finally:
+        client.close()
+    raw = store.get(snapshot_key(NAME, topic))
+    assert raw is not None
+    snap = DedupSnapshot.from_bytes(raw)
+    assert snap.producers[NAME] == 2000 and snap.entries == 2000 and snap.position is not None
+
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, store)
+        assert pub.open(topic) == 2500
+        stats = pub.recovery_stats(topic)
+        assert stats is not None and stats.start == snap.position
+        # Only the tail after the snapshot's entry was replayed, not the whole topic.
+        assert 500 <= stats.matched < 2000
+        outcomes = Counter(pub.publish(topic, f"m{seq}".encode(), seq) for seq in range(1, 2501))
+        assert outcomes == {Outcome.DUPLICATE: 2500}
+        for seq in range(2501, 3001):
+            assert pub.publish(topic, f"m{seq}".encode(), seq) is Outcome.SENT
+        pub.close()
+    finally:
+        client.close()
+    final = DedupSnapshot.from_bytes(store.get(snapshot_key(NAME, topic)) or b"")
+    assert final.producers[NAME] == 3000
+    counts = count_topic(broker.service_url, topic, 3000)
+    assert counts == Counter({(NAME, s): 1 for s in range(1, 3001)})
+
+
+def test_recovery_without_any_snapshot_reads_whole_topic_and_ignores_other_producers(broker, unique, tmp_path):
+    topic = f"persistent://public/default/dd-{unique}"
+    other = "public/default/other-0-release"
+    client = make_client(broker.service_url)
+    try:
+        mine = DedupPublisher(client, NAME, make_store(tmp_path / "a"), snapshot_interval=10_000)
+        theirs = DedupPublisher(client, other, make_store(tmp_path / "b"))
+        for seq in range(1, 301):
+            mine.publish(topic, b"m", seq)
+            theirs.publish(topic, b"o", seq * 10)
+        mine.flush(30)
+        theirs.close()
+        # Crash of "mine" with its state lost entirely: recovery must read from the earliest entry.
+    finally:
+        client.close()
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path / "fresh"))
+        assert pub.open(topic) == 300
+        stats = pub.recovery_stats(topic)
+        assert stats is not None and stats.start is None and stats.matched == 300
+        assert stats.messages_read >= 600
+        assert pub.publish(topic, b"m", 300) is Outcome.DUPLICATE
+        assert pub.publish(topic, b"m", 301) is Outcome.SENT
+        pub.close()
+    finally:
+        client.close()
+    counts = count_topic(broker.service_url, topic, 601)
+    assert sum(counts.values()) == 601 and max(counts.values()) == 1
+    assert sum(1 for (p, _s) in counts if p == NAME) == 301
+
+
+def test_short_topic_names_are_the_same_channel(broker, unique, tmp_path):
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        assert pub.publish(f"dd-{unique}", b"x", 1) is Outcome.SENT
+        assert pub.publish(f"public/default/dd-{unique}", b"x", 1) is Outcome.DUPLICATE
+        assert pub.topics() == [f"persistent://public/default/dd-{unique}"]
+        with pytest.raises(ValueError, match="invalid topic name"):
+            pub.publish("a/b", b"x", 2)
+        pub.close()
+    finally:
+        client.close()
+
+
+def test_broker_duplicate_receipt_counts_as_success(broker, unique, tmp_path):
+    """A real cluster with broker de-duplication answers a re-sent id with message id -1:-1.
+
+    pulsar-lite never does, so the receipt is fed to the completion path directly, with a real
+    pulsar-client MessageId, to check it is treated as success and keeps the snapshot position.
+    """
+    from pulsar_lifecycle.dedup.publisher import _Pending
+
+    topic = f"persistent://public/default/dd-{unique}"
+    client = make_client(broker.service_url)
+    results: List[PublishResult] = []
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        pub.publish(topic, b"x", 1)
+        pub.flush(10)
+        ch = pub._channels[topic]
+        pending = _Pending(2, results.append)
+        with ch.cond:
+            ch.seqmap.mark_pushed(NAME, 2)
+            ch.pending.append(pending)
+            ch.outstanding += 1
+        pub._on_send_complete(ch, pending, pulsar.Result.Ok, pulsar.MessageId(-1, -1, -1, -1)._msg_id)
+        assert results == [PublishResult(topic, 2, Outcome.DUPLICATE, None)]
+        assert pub.persisted_seq(topic) == 2
+        snap = pub.snapshot(topic)
+        assert snap.producers[NAME] == 2 and snap.position is not None and snap.position.ledger_id >= 0
+        pub.close()
+    finally:
+        client.close()
