@@ -205,3 +205,35 @@ def test_foreign_target_downloads_target_wheels(tmp_path: Path) -> None:
     yaml_wheels = [w for w in wheels if w.lower().startswith("pyyaml-")]
     assert len(yaml_wheels) == 1 and f"-{tag}-" in yaml_wheels[0], wheels
     assert any(w.startswith("six-") for w in wheels), wheels
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_foreign_target_builds_pure_sdist_only_dependency(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dependency published only as an sdist is built here and shipped when its wheel is pure."""
+    sdist_src = tmp_path / "sdistonly"
+    (sdist_src / "sdistonly_pkg").mkdir(parents=True)
+    (sdist_src / "sdistonly_pkg" / "__init__.py").write_text("VALUE = 42\n")
+    (sdist_src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=61"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "sdistonly-pkg"\nversion = "0.1"\ndependencies = ["six"]\n')
+    links = tmp_path / "links"
+    links.mkdir()
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "--outdir", str(links),
+                    str(sdist_src)], check=True, capture_output=True, timeout=120)
+    assert [p.suffix for p in links.iterdir()] == [".gz"]
+    # The sdist is findable only through find-links: the index has no such package.
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+
+    project = tmp_path / "p"
+    (project / "shared" / "pulsar_lifecycle").mkdir(parents=True)
+    (project / "shared" / "pulsar_lifecycle" / "__init__.py").write_text("")
+    (project / "pyproject.toml").write_text(
+        '[project]\nname = "tiny"\nversion = "0"\ndependencies = ["sdistonly-pkg"]\n')
+    other = "3.10" if sys.version_info[:2] != (3, 10) else "3.12"
+    zip_path = build_function_zip(project, tmp_path / "out", stem="tiny", python_version=other,
+                                  platform="manylinux2014_x86_64")
+    with zipfile.ZipFile(zip_path) as zf:
+        wheels = sorted(Path(e).name for e in zf.namelist() if e.startswith("tiny/deps/"))
+    assert any(w.startswith("sdistonly_pkg-0.1-") and w.endswith("-none-any.whl") for w in wheels), wheels
+    assert any(w.startswith("six-") for w in wheels), wheels
