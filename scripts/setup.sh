@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Creates .venv and installs pulsar-lifecycle with everything it needs (idempotent).
+# Usage: scripts/setup.sh [extra]   (extra: local = embedded broker, test = test suite)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${1:-local}"
+SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
+  $SUDO apt-get update -q && $SUDO apt-get install -y -q python3 python3-venv python3-pip
+fi
+if [ ! -x .venv/bin/python ]; then
+  python3 -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+.venv/bin/python -m pip install -q -e ".[${extra}]"
+echo "pulsar-lifecycle installed in $(pwd)/.venv"
