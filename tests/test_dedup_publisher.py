@@ -1,6 +1,7 @@
 """DedupPublisher against the real embedded broker (pulsar-lite has no de-duplication of its own)."""
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections import Counter
@@ -243,3 +244,31 @@ def test_broker_duplicate_receipt_counts_as_success(broker, unique, tmp_path):
         pub.close()
     finally:
         client.close()
+
+
+def test_failed_send_stops_the_channel_and_the_watermark(broker, unique, tmp_path):
+    """A message the broker cannot take (too big) fails; nothing after it is sent or committed."""
+    from pulsar_lifecycle.dedup import PublishError
+
+    topic = f"persistent://public/default/dd-{unique}"
+    client = make_client(broker.service_url)
+    results: List[PublishResult] = []
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        for seq in (1, 2):
+            pub.publish(topic, b"small", seq, callback=results.append)
+        pub.flush(10)
+        pub.publish(topic, os.urandom(6 * 1024 * 1024), 3, callback=results.append)  # > 5 MiB even after LZ4
+        with pytest.raises(PublishError, match="sequence id 3"):
+            pub.flush(10)
+        with pytest.raises(PublishError, match="channel failed at sequence id 3"):
+            pub.publish(topic, b"small", 4)
+        assert pub.persisted_seq(topic) == 2
+        pub.close()
+    finally:
+        client.close()
+    assert [(r.sequence_id, r.outcome) for r in results] == [
+        (1, Outcome.PERSISTED), (2, Outcome.PERSISTED), (3, Outcome.FAILED)
+    ]
+    assert results[-1].error and not results[-1].ok
+    assert count_topic(broker.service_url, topic, 2) == Counter({(NAME, 1): 1, (NAME, 2): 1})
