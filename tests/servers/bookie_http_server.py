@@ -1,0 +1,106 @@
+"""A local bookie HTTP admin server for ledger deletion (reference §5.2, §5.3).
+
+  DELETE /api/v1/ledger/delete?ledger_id=N  -> 200 "Deleted ledger: N"; missing param -> 404;
+       missing ledger -> 200 with ledger_manager="zk" (idempotent ZK manager), 500 with
+       "metadata-store" (Pulsar's PulsarLedgerManager); other methods -> 404
+  GET /api/v1/ledger/metadata?ledger_id=N   -> {"N": LedgerMetadata} with customMetadata as base64;
+       missing ledger -> 500
+  GET /api/v1/ledger/list                   -> {"<id>": null, ...}
+`fail_rate` answers 500 before acting; `fail_after_delete_rate` deletes and THEN answers 500
+(the worst case for a client: done, but told it failed)."""
+from __future__ import annotations
+
+import base64
+import random
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+from ._deletion_http_base import LocalHttpServer
+
+
+def pulsar_metadata(topic: str, component: str = "managed-ledger", cursor: Optional[str] = None) -> Dict[str, str]:
+    """The custom metadata Pulsar writes (LedgerMetadataUtils) for `tenant/ns/topic`."""
+    t = topic.split("://", 1)[-1]
+    tenant, ns, local = t.split("/", 2)
+    if component == "schema":
+        return {"application": "pulsar", "component": "schema", "pulsar/schemaId": f"{tenant}/{ns}/{local}"}
+    md = {"application": "pulsar", "component": "managed-ledger", "pulsar/managed-ledger": f"{tenant}/{ns}/persistent/{local}"}
+    if cursor is not None:
+        md["pulsar/cursor"] = cursor
+    return md
+
+
+class BookieHttpServer(LocalHttpServer):
+    """In-memory ledgers with custom metadata behind the bookie HTTP admin endpoints."""
+
+    def __init__(self, fail_rate: float = 0.0, seed: int = 0, ledger_manager: str = "metadata-store",
+                 fail_after_delete_rate: float = 0.0) -> None:
+        super().__init__(fail_rate, seed)
+        if ledger_manager not in ("zk", "metadata-store"):
+            raise ValueError(f"ledger_manager must be 'zk' or 'metadata-store', got {ledger_manager!r}")
+        self.ledger_manager = ledger_manager
+        self.fail_after_delete_rate = fail_after_delete_rate
+        self._after_rng = random.Random(seed + 1)
+        self.ledgers: Dict[int, Dict[str, str]] = {}
+        self.deleted: List[int] = []  # in deletion order
+        self.delete_calls = 0
+
+    def add_ledger(self, ledger_id: int, custom_metadata: Dict[str, str]) -> None:
+        """Create a ledger carrying `custom_metadata` (text values)."""
+        with self.lock:
+            self.ledgers[ledger_id] = dict(custom_metadata)
+
+    def exists(self, ledger_id: int) -> bool:
+        """Whether the ledger is still stored."""
+        with self.lock:
+            return ledger_id in self.ledgers
+
+    def _metadata_json(self, ledger_id: int) -> Dict[str, Any]:
+        md = self.ledgers[ledger_id]
+        return {
+            "ledgerId": ledger_id,
+            "metadataFormatVersion": 3,
+            "ensembleSize": 1,
+            "writeQuorumSize": 1,
+            "ackQuorumSize": 1,
+            "lastEntryId": 9,
+            "length": 1024,
+            "digestType": "CRC32C",
+            "password": "",
+            "closed": True,
+            "state": "CLOSED",
+            "allEnsembles": {"0": ["127.0.0.1:3181"]},
+            "ctime": int(time.time() * 1000),
+            "cToken": 0,
+            "customMetadata": {k: base64.b64encode(v.encode()).decode() for k, v in md.items()},
+        }
+
+    def route(self, method: str, path: str, params: Dict[str, str], body: bytes) -> Tuple[int, Any]:
+        if path == "/api/v1/ledger/delete":
+            if method != "DELETE" or "ledger_id" not in params:
+                return 404, "Not ledger found. Should provide ledger_id=<id>"
+            lid = int(params["ledger_id"])
+            with self.lock:
+                self.delete_calls += 1
+                if lid not in self.ledgers:
+                    if self.ledger_manager == "zk":
+                        return 200, f"Deleted ledger: {lid}"
+                    return 500, "Internal Server Error"
+                del self.ledgers[lid]
+                self.deleted.append(lid)
+                if self.fail_after_delete_rate and self._after_rng.random() < self.fail_after_delete_rate:
+                    self.injected_failures += 1
+                    return 500, "Internal Server Error (injected after delete)"
+            return 200, f"Deleted ledger: {lid}"
+        if path == "/api/v1/ledger/metadata":
+            if method != "GET" or "ledger_id" not in params:
+                return 404, "Not found method. Should be GET method"
+            lid = int(params["ledger_id"])
+            with self.lock:
+                if lid not in self.ledgers:
+                    return 500, "Internal Server Error"
+                return 200, {str(lid): self._metadata_json(lid)}
+        if path == "/api/v1/ledger/list" and method == "GET":
+            with self.lock:
+                return 200, {str(i): None for i in sorted(self.ledgers)}
+        return 404, "Not found"
