@@ -272,3 +272,36 @@ def test_failed_send_stops_the_channel_and_the_watermark(broker, unique, tmp_pat
     ]
     assert results[-1].error and not results[-1].ok
     assert count_topic(broker.service_url, topic, 2) == Counter({(NAME, 1): 1, (NAME, 2): 1})
+
+
+class _FailingPutStore(DirectoryStateStore):
+    """A real directory store whose writes fail, as a table service outage would."""
+
+    def put(self, key: str, value: bytes) -> None:
+        raise OSError("state store unavailable")
+
+
+def test_store_outage_and_corrupt_snapshot_fall_back_to_full_replay(broker, unique, tmp_path):
+    topic = f"persistent://public/default/dd-{unique}"
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, _FailingPutStore(tmp_path / "state", "public", "default", "dedup"),
+                             snapshot_interval=10)
+        for seq in range(1, 51):
+            assert pub.publish(topic, b"x", seq) is Outcome.SENT  # snapshot failures do not stop publishing
+        pub.close()
+    finally:
+        client.close()
+    store = make_store(tmp_path / "other")
+    store.put(snapshot_key(NAME, topic), b"{not json")
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, store)
+        assert pub.open(topic) == 50
+        stats = pub.recovery_stats(topic)
+        assert stats is not None and stats.start is None and stats.matched == 50
+        assert pub.publish(topic, b"x", 50) is Outcome.DUPLICATE
+        pub.close()
+    finally:
+        client.close()
+    assert DedupSnapshot.from_bytes(store.get(snapshot_key(NAME, topic)) or b"").producers[NAME] == 50

@@ -43,6 +43,7 @@ from .sequence_map import (
     DedupSnapshot,
     Position,
     SequenceMap,
+    SnapshotFormatError,
     check_sequence_id,
 )
 
@@ -182,6 +183,7 @@ class DedupPublisher:
         # Validates the map settings now rather than at the first publish.
         SequenceMap("validation", snapshot_interval=snapshot_interval, max_producers=max_producers)
         self._channels: Dict[str, _Channel] = {}
+        self._names: Dict[str, str] = {}  # topic as given -> normalized name
         self._lock = threading.Lock()
         self._open_locks: Dict[str, threading.Lock] = {}
         self._tiebreak = itertools.count()
@@ -192,6 +194,14 @@ class DedupPublisher:
     def open(self, topic: str) -> int:
         """Recover `topic` (if not yet open) and create its producer; returns the highest persisted id."""
         return self._channel(normalize_topic(topic)).seqmap.highest_persisted(self.producer_name)
+
+    def _channel_for(self, topic: str) -> _Channel:
+        """The channel of `topic` as the caller spells it (the normalized name is cached)."""
+        full = self._names.get(topic)
+        if full is None:
+            full = normalize_topic(topic)
+            self._names[topic] = full
+        return self._channel(full)
 
     def _channel(self, topic: str) -> _Channel:
         ch = self._channels.get(topic)
@@ -222,9 +232,16 @@ class DedupPublisher:
         seqmap = SequenceMap(topic, snapshot_interval=self.snapshot_interval, max_producers=self.max_producers)
         key = snapshot_key(self.producer_name, topic)
         raw = self.state_store.get(key)
-        snapshot = DedupSnapshot.from_bytes(raw) if raw is not None else None
-        if snapshot is not None:
-            seqmap.restore(snapshot)
+        snapshot: Optional[DedupSnapshot] = None
+        if raw is not None:
+            try:
+                snapshot = DedupSnapshot.from_bytes(raw)
+                seqmap.restore(snapshot)
+            except (SnapshotFormatError, ValueError) as exc:
+                # Replaying the whole topic gives the exact map too, only slower.
+                log.warning("event=dedup_snapshot_unreadable topic=%s key=%s error=%s", topic, key, exc)
+                snapshot = None
+                seqmap = SequenceMap(topic, snapshot_interval=self.snapshot_interval, max_producers=self.max_producers)
         name = self.producer_name
 
         def on_message(msg: pulsar.Message) -> bool:
@@ -298,8 +315,9 @@ class DedupPublisher:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
         props = self._message_properties(properties, sequence_id)
-        ch = self._channel(normalize_topic(topic))
-        self._write_due_snapshot(ch)
+        ch = self._channel_for(topic)
+        if ch.due_snapshot is not None:  # unlocked peek; _write_due_snapshot re-checks under the lock
+            self._write_due_snapshot(ch)
         name = self.producer_name
         immediate: Optional[PublishResult] = None
         with ch.publish_lock:
@@ -423,7 +441,16 @@ class DedupPublisher:
                 snap, ch.due_snapshot = ch.due_snapshot, None
             if snap is None or snap.entries < ch.written_entries:
                 return
-            self.state_store.put(snapshot_key(self.producer_name, ch.topic), snap.to_bytes())
+            try:
+                self.state_store.put(snapshot_key(self.producer_name, ch.topic), snap.to_bytes())
+            except Exception as exc:
+                # Snapshots only shorten recovery (the tail replay is what makes it exact), so a
+                # store outage must not stop publishing; the next interval tries again.
+                log.error(
+                    "event=dedup_snapshot_write_failed topic=%s producer=%s entries=%d error=%s",
+                    ch.topic, self.producer_name, snap.entries, exc,
+                )
+                return
             ch.written_entries = snap.entries
             log.info(
                 "event=dedup_snapshot_written topic=%s producer=%s position=%s highest=%d entries=%d",
