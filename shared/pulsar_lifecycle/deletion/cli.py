@@ -1,0 +1,179 @@
+"""`pulsar-lifecycle deletion ...`: operator commands for two-phase ledger deletion.
+
+  deletion enqueue        one ledger (BookKeeper or offloaded) for two-phase deletion
+  deletion enqueue-topic  every ledger internalStats lists for a topic
+  deletion dlq list       dead letters not yet replayed (JSON lines)
+  deletion dlq replay     send dead letters back to the deletion topic with a fresh retry budget
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, Optional
+
+import click
+
+from .model import InvalidRequestError, LedgerComponent, LedgerContext, LedgerType, OffloadContext
+from .topics import DeletionTopics
+
+
+def _topics(opts: Dict[str, Any]) -> DeletionTopics:
+    try:
+        return DeletionTopics(namespace=opts["namespace"], topic_name=opts["topic_name"],
+                              parallelism=opts["parallelism"], scope=opts["scope"],
+                              tenant_namespace=opts["tenant_namespace"])
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from exc
+
+
+def _client(url: str) -> Any:
+    from ..runtime.client import quiet_client
+
+    return quiet_client(url)
+
+
+def _topic_options(f: Any) -> Any:
+    f = click.option("--service-url", required=True, help="pulsar:// URL of the broker.")(f)
+    f = click.option("--namespace", default="pulsar/system", show_default=True, help="deletionNamespace.")(f)
+    f = click.option("--topic-name", default="__ledger_deletion", show_default=True, help="deletionTopicName.")(f)
+    f = click.option("--parallelism", type=int, default=4, show_default=True, help="ledgerDeletionParallelism.")(f)
+    f = click.option("--scope", type=click.Choice(["cluster", "tenant"]), default="cluster", show_default=True,
+                     help="deletionTopicScope.")(f)
+    f = click.option("--tenant-namespace", default="system", show_default=True, help="tenantDeletionNamespace.")(f)
+    return f
+
+
+def _service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> Any:
+    from ..timing import DelayedProducer
+    from .service import LedgerDeletionService
+
+    client = _client(opts["service_url"])
+    delayed = None
+    if delay_seconds > 0:
+        try:
+            delayed = DelayedProducer(client, backend=backend, scheduling_topic=scheduling_topic)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from exc
+    return LedgerDeletionService(client, _topics(opts), delayed, send_delay_seconds=delay_seconds), client
+
+
+def _delay_options(f: Any) -> Any:
+    f = click.option("--send-delay-seconds", type=int, default=60, show_default=True,
+                     help="sendDelaySeconds; 0 sends at once.")(f)
+    f = click.option("--delay-backend", type=click.Choice(["broker", "scheduler"]), default="broker", show_default=True)(f)
+    f = click.option("--scheduling-topic", default=None, help="The scheduler's input topic (scheduler backend).")(f)
+    return f
+
+
+@click.group("deletion")
+def deletion() -> None:
+    """Two-phase ledger deletion (PIP-186): enqueue ledgers, inspect and replay the DLQ."""
+
+
+@deletion.command("enqueue")
+@_topic_options
+@_delay_options
+@click.option("--topic", required=True, help="Owning topic, tenant/ns/topic[-partition-N].")
+@click.option("--ledger-id", type=int, required=True)
+@click.option("--component", type=click.Choice([c.value for c in LedgerComponent]), default="MANAGED_LEDGER", show_default=True)
+@click.option("--offload-uuid", default=None, help="Offload UUID: makes this an OFFLOAD_LEDGER request.")
+@click.option("--offload-driver", default=None, help="Offload driver name (aws-s3, filesystem, ...).")
+@click.option("--offload-bucket", default=None, help="Bucket of an S3 offload (driver metadata 'bucket').")
+@click.option("--cursor", default=None, help="Cursor name of a MANAGED_CURSOR ledger (checked against metadata).")
+@click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false.")
+def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[str], offload_driver: Optional[str],
+            offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool,
+            send_delay_seconds: int, delay_backend: str, scheduling_topic: Optional[str], **opts: Any) -> None:
+    """Enqueue one ledger for two-phase deletion."""
+    ctx = None
+    ltype = LedgerType.LEDGER
+    if offload_uuid:
+        meta = {"bucket": offload_bucket} if offload_bucket else {}
+        try:
+            oc = OffloadContext.from_uuid(offload_uuid, driver_name=offload_driver, driver_metadata=meta)
+        except ValueError as exc:
+            raise click.BadParameter(f"--offload-uuid: {exc}") from exc
+        ctx, ltype = LedgerContext(ledger_id, offload_context=oc), LedgerType.OFFLOAD_LEDGER
+    service, client = _service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+    try:
+        mid = service.append_pending_delete_ledger(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
+                                                   {"cursor": cursor} if cursor else None)
+    except InvalidRequestError as exc:
+        raise click.BadParameter(str(exc)) from exc
+    finally:
+        service.close()
+        client.close()
+    click.echo(json.dumps({"topic": topic, "ledgerId": ledger_id, "component": component, "type": ltype.value,
+                           "messageId": str(mid)}))
+
+
+@deletion.command("enqueue-topic")
+@_topic_options
+@_delay_options
+@click.option("--topic", required=True, help="Topic whose every ledger is enqueued.")
+@click.option("--admin-url", required=True, help="Pulsar admin URL (http://broker:8080) for internalStats.")
+@click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false (the topic is being deleted).")
+def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_delay_seconds: int, delay_backend: str,
+                  scheduling_topic: Optional[str], **opts: Any) -> None:
+    """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
+    from ..storage.admin import PulsarAdminClient
+    from .operator import enqueue_topic_ledgers
+
+    service, client = _service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+    try:
+        done = enqueue_topic_ledgers(service, PulsarAdminClient.connect([admin_url]), topic, not skip_in_use_check)
+    except (ValueError, InvalidRequestError) as exc:
+        raise click.ClickException(str(exc)) from exc
+    finally:
+        service.close()
+        client.close()
+    for info in done:
+        click.echo(json.dumps({"topic": info.topic_name, "ledgerId": info.ledger_id, "component": info.ledger_component.value}))
+
+
+@deletion.group("dlq")
+def dlq() -> None:
+    """The dead-letter topic."""
+
+
+@dlq.command("list")
+@_topic_options
+@click.option("--tenant", default=None, help="Whose DLQ (tenant scope).")
+@click.option("--max", "max_messages", type=int, default=1000, show_default=True)
+@click.option("--idle-timeout", type=float, default=2.0, show_default=True, help="Stop after this many idle seconds.")
+def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, **opts: Any) -> None:
+    """Print dead letters not yet replayed, one JSON object per line."""
+    from .operator import list_dlq
+
+    client = _client(opts["service_url"])
+    try:
+        for entry in list_dlq(client, _topics(opts), tenant, max_messages, idle_timeout):
+            click.echo(json.dumps(entry.as_dict()))
+    finally:
+        client.close()
+
+
+@dlq.command("replay")
+@_topic_options
+@click.option("--tenant", default=None, help="Whose DLQ (tenant scope).")
+@click.option("--max", "max_messages", type=int, default=1000, show_default=True)
+@click.option("--idle-timeout", type=float, default=2.0, show_default=True)
+@click.option("--ledger-id", type=int, default=None, help="Only this ledger.")
+@click.option("--reason-contains", default=None, help="Only dead letters whose reason contains this text.")
+def dlq_replay(tenant: Optional[str], max_messages: int, idle_timeout: float, ledger_id: Optional[int],
+               reason_contains: Optional[str], **opts: Any) -> None:
+    """Send dead letters back to the deletion topic with a fresh retry budget."""
+    from .operator import replay_dlq
+
+    def select(entry: Any) -> bool:
+        if ledger_id is not None and entry.ledger_id != ledger_id:
+            return False
+        return reason_contains is None or reason_contains in entry.reason
+
+    client = _client(opts["service_url"])
+    try:
+        done = replay_dlq(client, _topics(opts), tenant, max_messages, idle_timeout, select)
+    finally:
+        client.close()
+    for entry in done:
+        click.echo(json.dumps(entry.as_dict()))
+    click.echo(f"replayed {len(done)}", err=True)
