@@ -18,6 +18,7 @@ from pulsar_lifecycle.dedup import (
     DedupSnapshot,
     Outcome,
     Position,
+    PublishError,
     PublishResult,
     SequenceError,
     snapshot_key,
@@ -92,6 +93,9 @@ def test_duplicates_are_dropped_and_callbacks_report(broker, unique, tmp_path):
             assert pub.publish(topic, b"again", seq, callback=cb) is Outcome.DUPLICATE
         assert pub.persisted_seq(topic) == 100 == pub.pushed_seq(topic)
         pub.close()
+        with pytest.raises(PublishError, match="closed"):
+            pub.publish(topic, b"late", 101)
+        assert pub.persisted_seq(topic) == 100
     finally:
         client.close()
     by_outcome = Counter(r.outcome for r in results)
@@ -248,8 +252,6 @@ def test_broker_duplicate_receipt_counts_as_success(broker, unique, tmp_path):
 
 def test_failed_send_stops_the_channel_and_the_watermark(broker, unique, tmp_path):
     """A message the broker cannot take (too big) fails; nothing after it is sent or committed."""
-    from pulsar_lifecycle.dedup import PublishError
-
     topic = f"persistent://public/default/dd-{unique}"
     client = make_client(broker.service_url)
     results: List[PublishResult] = []

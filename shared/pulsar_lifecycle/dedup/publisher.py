@@ -315,6 +315,8 @@ class DedupPublisher:
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
         props = self._message_properties(properties, sequence_id)
+        if self._closed:
+            raise PublishError(f"publisher {self.producer_name} is closed")
         ch = self._channel_for(topic)
         if ch.due_snapshot is not None:  # unlocked peek; _write_due_snapshot re-checks under the lock
             self._write_due_snapshot(ch)
