@@ -22,12 +22,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "function-configs" / "example-function.yaml"
 
 
-def _localrun(*args: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
-         "--function-config-file", str(CONFIG), *args],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-    )
+def _localrun(*args: str, log: Path) -> subprocess.Popen:
+    # stderr to a file: an undrained PIPE fills up and blocks the child mid-run.
+    with open(log, "ab") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
+             "--function-config-file", str(CONFIG), *args],
+            stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
+        )
 
 
 def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int:
@@ -46,9 +48,9 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
     common = ("--data-dir", str(tmp_path), "--embedded-broker-port", str(port))
     store = DirectoryStateStore(tmp_path / "state", "public", "default", "example-function")
     for round_no in range(2):
-        proc = _localrun(*common)
+        proc = _localrun(*common, log=tmp_path / "localrun.log")
         try:
-            assert wait_for(lambda: port_open("127.0.0.1", port), timeout=20), proc.stderr
+            assert wait_for(lambda: port_open("127.0.0.1", port), timeout=20), (tmp_path / "localrun.log").read_text()
             client = quiet_client(url)
             prod = client.create_producer("persistent://public/default/example-input")
             for i in range(50):
@@ -58,7 +60,7 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
         finally:
             assert _stop(proc) == 0
     # Both rounds' outputs are on the embedded broker's disk (restarted twice).
-    proc = _localrun(*common)
+    proc = _localrun(*common, log=tmp_path / "localrun.log")
     try:
         assert wait_for(lambda: port_open("127.0.0.1", port), timeout=20)
         client = quiet_client(url)
@@ -80,7 +82,7 @@ def test_sigkill_mid_stream_every_input_produces_output(broker, tmp_path, unique
     client = quiet_client(broker.service_url)
     counter = client.subscribe(dst, "count", initial_position=pulsar.InitialPosition.Earliest)
     prod = client.create_producer(src, batching_enabled=True, batching_max_publish_delay_ms=5)
-    proc = _localrun(*args)
+    proc = _localrun(*args, log=tmp_path / "localrun.log")
     seen: dict = {}
     received = 0
 
@@ -105,7 +107,7 @@ def test_sigkill_mid_stream_every_input_produces_output(broker, tmp_path, unique
         assert len(seen) >= kill_at, f"only {len(seen)} outputs before the kill point"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        proc = _localrun(*args)
+        proc = _localrun(*args, log=tmp_path / "localrun.log")
         pump(240, n)
     finally:
         _stop(proc)
