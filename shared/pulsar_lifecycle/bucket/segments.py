@@ -1,0 +1,125 @@
+"""Cutting a key-ordered stream of items into PIP-195 snapshot segments.
+
+Pulsar's rule (MutableBucket.createImmutableBucketAndAsyncPersistent): the first index of a
+segment sets `upper = ts + timeStepMs - 1`; after appending an index the segment is closed when
+there is no next index, or the next index's timestamp > upper, or (maxIndexes != -1 and the
+segment holds >= maxIndexes). Each closed segment gets min/max schedule timestamps and one
+run-optimized RoaringBitmap of entry ids per ledger.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+from pyroaring import BitMap
+
+from .bitmap import serialize_bitmap
+from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata, frame
+from .records import ReleaseKey
+
+
+@dataclass
+class CutSegment:
+    """One closed segment: its entry bytes and its SnapshotSegmentMetadata."""
+
+    data: bytes
+    metadata: "SnapshotSegmentMetadata"
+    count: int
+    first_key: ReleaseKey
+    last_key: ReleaseKey
+
+    @property
+    def min_ts(self) -> int:
+        """min_schedule_timestamp."""
+        return self.first_key[0]
+
+    @property
+    def max_ts(self) -> int:
+        """max_schedule_timestamp."""
+        return self.last_key[0]
+
+
+class SegmentCutter:
+    """Streaming cutter: push items in strictly increasing key order, collect closed segments.
+
+    Checking the cut condition before appending the next item is the same rule as Pulsar's
+    check after appending with a look-ahead at the next one.
+    """
+
+    def __init__(self, time_step_ms: int, max_indexes: int) -> None:
+        if time_step_ms <= 0:
+            raise ValueError(f"segment time step must be > 0 ms, got {time_step_ms}")
+        if max_indexes == 0 or max_indexes < -1:
+            raise ValueError(f"max indexes per segment must be > 0 or -1, got {max_indexes}")
+        self.time_step_ms = time_step_ms
+        self.max_indexes = max_indexes
+        self._frames: List[bytes] = []
+        self._entries: Dict[int, List[int]] = {}
+        self._upper = 0
+        self._first: Optional[ReleaseKey] = None
+        self._last: Optional[ReleaseKey] = None
+        self.total = 0
+
+    def push(self, item: Item) -> Optional[CutSegment]:
+        """Append one item; returns the segment this push closed, if any."""
+        ts, ledger, entry, blob = item
+        key = (ts, ledger, entry)
+        if self._last is not None and key <= self._last:
+            raise ValueError(f"items must arrive in increasing release-key order: {key} after {self._last}")
+        closed = None
+        if self._frames and (
+            ts > self._upper or (self.max_indexes != -1 and len(self._frames) >= self.max_indexes)
+        ):
+            closed = self._close()
+        if not self._frames:
+            self._first = key
+            self._upper = ts + self.time_step_ms - 1
+        self._frames.append(frame(blob))
+        entries = self._entries.get(ledger)
+        if entries is None:
+            self._entries[ledger] = [entry]
+        else:
+            entries.append(entry)
+        self._last = key
+        self.total += 1
+        return closed
+
+    def finish(self) -> Optional[CutSegment]:
+        """Close the open segment (if any) and return it."""
+        return self._close() if self._frames else None
+
+    def _close(self) -> CutSegment:
+        meta = SnapshotSegmentMetadata(
+            max_schedule_timestamp=self._last[0], min_schedule_timestamp=self._first[0]
+        )
+        for ledger, entries in self._entries.items():
+            meta.delayed_index_bit_map[ledger] = serialize_bitmap(BitMap(entries))
+        seg = CutSegment(
+            data=b"".join(self._frames),
+            metadata=meta,
+            count=len(self._frames),
+            first_key=self._first,
+            last_key=self._last,
+        )
+        self._frames = []
+        self._entries = {}
+        return seg
+
+
+def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> List[CutSegment]:
+    """All segments of `items` (already in increasing key order)."""
+    cutter = SegmentCutter(time_step_ms, max_indexes)
+    out = []
+    for item in items:
+        seg = cutter.push(item)
+        if seg is not None:
+            out.append(seg)
+    last = cutter.finish()
+    if last is not None:
+        out.append(last)
+    return out
+
+
+def snapshot_metadata(segments: Iterable[CutSegment]) -> "SnapshotMetadata":
+    """Entry 0 of a snapshot with these segments."""
+    return SnapshotMetadata(metadata_list=[s.metadata for s in segments])

@@ -1,0 +1,243 @@
+"""Snapshot storage for the bucket index (PIP-195's BucketSnapshotStorage, plus what we need).
+
+A bucket snapshot is what Pulsar writes into one BookKeeper ledger: entry 0 is the serialized
+SnapshotMetadata, entries 1..N the serialized SnapshotSegments. Bucket ids are positive and
+strictly increasing (Pulsar: the ledger id). Besides snapshots a storage keeps
+* the journal of the last mutable bucket (append-only records with increasing ids),
+* the manifest (Pulsar keeps the bucket list in cursor properties) and
+* the release cursor (the watermark; Pulsar's mark-delete position),
+the last two each replaced atomically.
+
+Every method may be called from any thread. Errors are StorageError naming the storage and
+the bucket/record; a missing snapshot is SnapshotNotFoundError.
+"""
+from __future__ import annotations
+
+import threading
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple, runtime_checkable
+
+
+class StorageError(RuntimeError):
+    """The snapshot storage could not do what was asked."""
+
+
+class SnapshotNotFoundError(StorageError):
+    """The bucket snapshot does not exist (Pulsar: BucketNotExistException)."""
+
+
+@runtime_checkable
+class SnapshotWriter(Protocol):
+    """A snapshot being written segment by segment (merges stream their output)."""
+
+    bucket_id: int
+
+    def add_segment(self, data: bytes) -> None:
+        """Append the next segment (entry 1, 2, ...)."""
+
+    def finish(self, metadata: bytes) -> int:
+        """Write entry 0, make the snapshot durable and visible; returns bucket_id."""
+
+    def abort(self) -> None:
+        """Drop everything written so far (best effort, never raises)."""
+
+
+@runtime_checkable
+class BucketSnapshotStorage(Protocol):
+    """What the bucket engine needs from a storage backend."""
+
+    # -- PIP-195 BucketSnapshotStorage --------------------------------------------------------
+    def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,
+                        topic: str, cursor: str) -> int:
+        """Write a whole snapshot durably; returns its bucket id."""
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> SnapshotWriter:
+        """Start a snapshot to be written segment by segment (allocates the bucket id)."""
+
+    def get_metadata(self, bucket_id: int) -> bytes:
+        """Entry 0 (SnapshotMetadata bytes)."""
+
+    def get_segments(self, bucket_id: int, first: int, last: int) -> List[bytes]:
+        """Entries first..last inclusive (1-based segment entry ids)."""
+
+    def get_length(self, bucket_id: int) -> int:
+        """Total bytes of the snapshot."""
+
+    def delete(self, bucket_id: int) -> None:
+        """Delete the snapshot; a missing one is success."""
+
+    def list_snapshots(self, after_id: int = 0) -> List[int]:
+        """Ids of existing snapshots greater than `after_id`, ascending (finds orphans)."""
+
+    # -- journal ------------------------------------------------------------------------------
+    def journal_append(self, record: bytes) -> int:
+        """Durably append a record; returns its id (greater than every id before)."""
+
+    def journal_read(self) -> List[Tuple[int, bytes]]:
+        """Every record not truncated, in id order."""
+
+    def journal_truncate(self, upto: int) -> None:
+        """Drop records with id <= upto; later appends still get ids > upto."""
+
+    # -- manifest and cursor ------------------------------------------------------------------
+    def get_manifest(self) -> Optional[bytes]:
+        """The manifest, or None before the first put."""
+
+    def put_manifest(self, data: bytes) -> None:
+        """Atomically replace the manifest."""
+
+    def get_cursor(self) -> Optional[bytes]:
+        """The release cursor, or None before the first put."""
+
+    def put_cursor(self, data: bytes) -> None:
+        """Atomically replace the release cursor."""
+
+    def close(self) -> None:
+        """Release resources."""
+
+
+def check_bucket_id(bucket_id: int) -> int:
+    """Validate a bucket id (positive int)."""
+    if isinstance(bucket_id, bool) or not isinstance(bucket_id, int) or bucket_id <= 0:
+        raise StorageError(f"bucket id must be a positive int, got {bucket_id!r}")
+    return bucket_id
+
+
+def check_entry_range(bucket_id: int, first: int, last: int, segments: int) -> None:
+    """Validate a 1-based segment entry range against a snapshot with `segments` segments."""
+    if not (isinstance(first, int) and isinstance(last, int)) or first < 1 or last < first or last > segments:
+        raise StorageError(
+            f"bucket {bucket_id}: segment entries {first}..{last} out of range (snapshot has 1..{segments})"
+        )
+
+
+def write_whole(storage: BucketSnapshotStorage, metadata: bytes, segments: Sequence[bytes],
+                bucket_key: str, topic: str, cursor: str) -> int:
+    """create_snapshot in terms of begin_snapshot (shared by the backends)."""
+    writer = storage.begin_snapshot(bucket_key, topic, cursor)
+    try:
+        for seg in segments:
+            writer.add_segment(seg)
+        return writer.finish(metadata)
+    except BaseException:
+        writer.abort()
+        raise
+
+
+class _MemoryWriter:
+    def __init__(self, owner: "MemorySnapshotStorage", bucket_id: int, info: Dict[str, str]) -> None:
+        self.bucket_id = bucket_id
+        self._owner = owner
+        self._info = info
+        self._segments: List[bytes] = []
+
+    def add_segment(self, data: bytes) -> None:
+        self._segments.append(bytes(data))
+
+    def finish(self, metadata: bytes) -> int:
+        with self._owner._lock:
+            self._owner._snapshots[self.bucket_id] = [bytes(metadata)] + self._segments
+            self._owner._info[self.bucket_id] = self._info
+        return self.bucket_id
+
+    def abort(self) -> None:
+        self._segments = []
+
+
+class MemorySnapshotStorage:
+    """Everything in process memory: for tests and benchmarks only (not durable).
+
+    An engine dropped and recovered against the same object sees what a restarted process
+    would see with a durable backend.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._snapshots: Dict[int, List[bytes]] = {}
+        self._info: Dict[int, Dict[str, str]] = {}
+        self._next_id = 0
+        self._journal: List[Tuple[int, bytes]] = []
+        self._journal_next = 1
+        self._manifest: Optional[bytes] = None
+        self._cursor: Optional[bytes] = None
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _MemoryWriter:
+        with self._lock:
+            self._next_id += 1
+            bid = self._next_id
+        return _MemoryWriter(self, bid, {"bucket_key": bucket_key, "topic": topic, "cursor": cursor})
+
+    def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,
+                        topic: str, cursor: str) -> int:
+        return write_whole(self, metadata, segments, bucket_key, topic, cursor)
+
+    def _entries(self, bucket_id: int) -> List[bytes]:
+        check_bucket_id(bucket_id)
+        entries = self._snapshots.get(bucket_id)
+        if entries is None:
+            raise SnapshotNotFoundError(f"memory storage: bucket snapshot {bucket_id} does not exist")
+        return entries
+
+    def get_metadata(self, bucket_id: int) -> bytes:
+        with self._lock:
+            return self._entries(bucket_id)[0]
+
+    def get_segments(self, bucket_id: int, first: int, last: int) -> List[bytes]:
+        with self._lock:
+            entries = self._entries(bucket_id)
+            check_entry_range(bucket_id, first, last, len(entries) - 1)
+            return entries[first:last + 1]
+
+    def get_length(self, bucket_id: int) -> int:
+        with self._lock:
+            return sum(len(e) for e in self._entries(bucket_id))
+
+    def delete(self, bucket_id: int) -> None:
+        check_bucket_id(bucket_id)
+        with self._lock:
+            self._snapshots.pop(bucket_id, None)
+            self._info.pop(bucket_id, None)
+
+    def list_snapshots(self, after_id: int = 0) -> List[int]:
+        with self._lock:
+            return sorted(b for b in self._snapshots if b > after_id)
+
+    def snapshot_info(self, bucket_id: int) -> Dict[str, str]:
+        """The custom metadata (bucket_key, topic, cursor) of a snapshot."""
+        with self._lock:
+            self._entries(bucket_id)
+            return dict(self._info[bucket_id])
+
+    def journal_append(self, record: bytes) -> int:
+        with self._lock:
+            rid = self._journal_next
+            self._journal_next += 1
+            self._journal.append((rid, bytes(record)))
+            return rid
+
+    def journal_read(self) -> List[Tuple[int, bytes]]:
+        with self._lock:
+            return list(self._journal)
+
+    def journal_truncate(self, upto: int) -> None:
+        with self._lock:
+            self._journal = [(i, r) for i, r in self._journal if i > upto]
+            self._journal_next = max(self._journal_next, upto + 1)
+
+    def get_manifest(self) -> Optional[bytes]:
+        with self._lock:
+            return self._manifest
+
+    def put_manifest(self, data: bytes) -> None:
+        with self._lock:
+            self._manifest = bytes(data)
+
+    def get_cursor(self) -> Optional[bytes]:
+        with self._lock:
+            return self._cursor
+
+    def put_cursor(self, data: bytes) -> None:
+        with self._lock:
+            self._cursor = bytes(data)
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,386 @@
+"""Bucket snapshot storage in a local directory (the embedded default; see DESIGN §7).
+
+Layout under `root`:
+    snapshots/<bucket id, 20 digits>.snap   one file per snapshot (format below)
+    next_bucket_id                          durable counter: the last bucket id handed out
+    journal.log                             the mutable bucket's journal
+    manifest.bin, cursor.bin                replaced atomically (tmp + fsync + rename + dir fsync)
+
+Snapshot file: entries 1..N (segments) then entry 0 (metadata), then the custom metadata as
+JSON (bucket key, topic, cursor), then an entry table of (offset u64, length u32, crc32 u32) for
+entries 0..N, then a 24-byte trailer (entry count u32, info length u32, info offset u64,
+magic b"PLBKSNP1"). It is written to a temporary file, fsynced and renamed into place, so a
+snapshot is either complete or absent. Writing the table at the end lets merges stream
+segments without knowing their number in advance.
+
+Journal: an 16-byte header (magic b"PLBKJNL1", u64 floor = highest truncated id) then records
+(length u32, crc32 u32 of id+payload, id u64, payload). Each append is one write + fdatasync;
+a torn tail (a crash inside an append that therefore never returned) is cut off when the
+journal is first opened. Truncation rewrites the remaining records atomically.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from pathlib import Path
+from typing import BinaryIO, List, Optional, Sequence, Tuple
+
+from ..state.directory import atomic_write
+from .storage import (
+    SnapshotNotFoundError,
+    StorageError,
+    check_bucket_id,
+    check_entry_range,
+    write_whole,
+)
+
+logger = logging.getLogger(__name__)
+
+_SNAP_MAGIC = b"PLBKSNP1"
+_TRAILER = struct.Struct("<IIQ8s")
+_ENTRY = struct.Struct("<QII")
+_JNL_MAGIC = b"PLBKJNL1"
+_JNL_HEADER = struct.Struct("<8sQ")
+_REC = struct.Struct("<IIQ")
+_SNAP_NAME = re.compile(r"^(\d{20})\.snap$")
+_MAX_RECORD = 1 << 30
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class _DirWriter:
+    """Streams one snapshot into a temporary file; finish() renames it into place."""
+
+    def __init__(self, owner: "DirectorySnapshotStorage", bucket_id: int, info: bytes) -> None:
+        self.bucket_id = bucket_id
+        self._owner = owner
+        self._info = info
+        self._final = owner._snap_path(bucket_id)
+        self._tmp = self._final.with_name(f".{self._final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self._entries: List[Tuple[int, int, int]] = []  # segments, in order
+        self._offset = 0
+        try:
+            self._fh: Optional[BinaryIO] = open(self._tmp, "wb")
+        except OSError as exc:
+            raise StorageError(f"directory storage {owner.root}: cannot create snapshot {bucket_id}: {exc}") from exc
+
+    def _write(self, data: bytes) -> Tuple[int, int, int]:
+        if self._fh is None:
+            raise StorageError(f"directory storage {self._owner.root}: snapshot {self.bucket_id} writer is closed")
+        self._fh.write(data)
+        entry = (self._offset, len(data), zlib.crc32(data))
+        self._offset += len(data)
+        return entry
+
+    def add_segment(self, data: bytes) -> None:
+        try:
+            self._entries.append(self._write(bytes(data)))
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"directory storage {self._owner.root}: writing snapshot {self.bucket_id}: {exc}") from exc
+
+    def finish(self, metadata: bytes) -> int:
+        try:
+            meta_entry = self._write(bytes(metadata))
+            info_offset = self._offset
+            self._fh.write(self._info)
+            table = b"".join(_ENTRY.pack(*e) for e in [meta_entry] + self._entries)
+            self._fh.write(table)
+            self._fh.write(_TRAILER.pack(len(self._entries) + 1, len(self._info), info_offset, _SNAP_MAGIC))
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+            self._fh.close()
+            self._fh = None
+            os.replace(self._tmp, self._final)
+            _fsync_dir(self._final.parent)
+        except OSError as exc:
+            self.abort()
+            raise StorageError(f"directory storage {self._owner.root}: writing snapshot {self.bucket_id}: {exc}") from exc
+        return self.bucket_id
+
+    def abort(self) -> None:
+        try:
+            if self._fh is not None:
+                self._fh.close()
+                self._fh = None
+            self._tmp.unlink(missing_ok=True)
+        except OSError:
+            logger.warning("could not remove temporary snapshot file %s", self._tmp)
+
+
+class DirectorySnapshotStorage:
+    """BucketSnapshotStorage in a local directory with atomic, fsynced writes."""
+
+    def __init__(self, root: os.PathLike | str) -> None:
+        self.root = Path(root)
+        self._snap_dir = self.root / "snapshots"
+        try:
+            self._snap_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"cannot create bucket snapshot directory {self.root}: {exc}") from exc
+        self._lock = threading.Lock()  # bucket-id counter
+        self._jlock = threading.Lock()  # journal
+        self._last_id: Optional[int] = None
+        self._jfd: Optional[int] = None
+        self._jnext = 1
+        self._jfloor = 0
+        self._journal_path = self.root / "journal.log"
+
+    def __repr__(self) -> str:
+        return f"DirectorySnapshotStorage({str(self.root)!r})"
+
+    # -- snapshots ----------------------------------------------------------------------------
+    def _snap_path(self, bucket_id: int) -> Path:
+        return self._snap_dir / f"{bucket_id:020d}.snap"
+
+    def _allocate_id(self) -> int:
+        counter = self.root / "next_bucket_id"
+        with self._lock:
+            if self._last_id is None:
+                try:
+                    last = int(counter.read_text() or 0)
+                except FileNotFoundError:
+                    last = 0
+                except (OSError, ValueError) as exc:
+                    raise StorageError(f"directory storage {self.root}: bad bucket id counter {counter}: {exc}") from exc
+                # Never reuse an id even if the counter file was lost.
+                existing = self.list_snapshots()
+                self._last_id = max([last] + existing)
+            bid = self._last_id + 1
+            try:
+                atomic_write(counter, str(bid).encode())
+            except OSError as exc:
+                raise StorageError(f"directory storage {self.root}: cannot persist bucket id counter: {exc}") from exc
+            self._last_id = bid
+            return bid
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _DirWriter:
+        info = json.dumps({"bucket_key": bucket_key, "topic": topic, "cursor": cursor}).encode()
+        return _DirWriter(self, self._allocate_id(), info)
+
+    def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,
+                        topic: str, cursor: str) -> int:
+        return write_whole(self, metadata, segments, bucket_key, topic, cursor)
+
+    def _open_table(self, bucket_id: int) -> Tuple[BinaryIO, List[Tuple[int, int, int]], int, int]:
+        check_bucket_id(bucket_id)
+        path = self._snap_path(bucket_id)
+        try:
+            fh = open(path, "rb")
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"directory storage {self.root}: bucket snapshot {bucket_id} does not exist") from None
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot open snapshot {bucket_id}: {exc}") from exc
+        try:
+            size = os.fstat(fh.fileno()).st_size
+            if size < _TRAILER.size:
+                raise StorageError(f"snapshot file {path} is truncated ({size} bytes)")
+            fh.seek(size - _TRAILER.size)
+            count, info_len, info_off, magic = _TRAILER.unpack(fh.read(_TRAILER.size))
+            table_off = info_off + info_len
+            if magic != _SNAP_MAGIC or table_off + count * _ENTRY.size + _TRAILER.size != size:
+                raise StorageError(f"snapshot file {path} is not a bucket snapshot (bad trailer)")
+            fh.seek(table_off)
+            raw = fh.read(count * _ENTRY.size)
+            table = [_ENTRY.unpack_from(raw, i * _ENTRY.size) for i in range(count)]
+            return fh, table, info_off, info_len
+        except BaseException:
+            fh.close()
+            raise
+
+    def _read_entries(self, bucket_id: int, first: int, last: int) -> List[bytes]:
+        fh, table, _, _ = self._open_table(bucket_id)
+        with fh:
+            if first >= 1:
+                check_entry_range(bucket_id, first, last, len(table) - 1)
+            out = []
+            for i in range(first, last + 1):
+                off, length, crc = table[i]
+                fh.seek(off)
+                data = fh.read(length)
+                if len(data) != length or zlib.crc32(data) != crc:
+                    raise StorageError(f"directory storage {self.root}: snapshot {bucket_id} entry {i} is corrupt")
+                out.append(data)
+            return out
+
+    def get_metadata(self, bucket_id: int) -> bytes:
+        return self._read_entries(bucket_id, 0, 0)[0]
+
+    def get_segments(self, bucket_id: int, first: int, last: int) -> List[bytes]:
+        if not (isinstance(first, int) and first >= 1):
+            raise StorageError(f"bucket {bucket_id}: segment entry ids start at 1, got {first!r}")
+        return self._read_entries(bucket_id, first, last)
+
+    def get_length(self, bucket_id: int) -> int:
+        check_bucket_id(bucket_id)
+        try:
+            return self._snap_path(bucket_id).stat().st_size
+        except FileNotFoundError:
+            raise SnapshotNotFoundError(f"directory storage {self.root}: bucket snapshot {bucket_id} does not exist") from None
+
+    def snapshot_info(self, bucket_id: int) -> dict:
+        """The custom metadata (bucket_key, topic, cursor) written with the snapshot."""
+        fh, _, info_off, info_len = self._open_table(bucket_id)
+        with fh:
+            fh.seek(info_off)
+            return json.loads(fh.read(info_len))
+
+    def delete(self, bucket_id: int) -> None:
+        check_bucket_id(bucket_id)
+        try:
+            self._snap_path(bucket_id).unlink()
+            _fsync_dir(self._snap_dir)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot delete snapshot {bucket_id}: {exc}") from exc
+
+    def list_snapshots(self, after_id: int = 0) -> List[int]:
+        try:
+            names = os.listdir(self._snap_dir)
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot list snapshots: {exc}") from exc
+        ids = []
+        for name in names:
+            m = _SNAP_NAME.match(name)
+            if m and int(m.group(1)) > after_id:
+                ids.append(int(m.group(1)))
+        return sorted(ids)
+
+    # -- journal ------------------------------------------------------------------------------
+    def _scan_journal(self) -> Tuple[int, List[Tuple[int, bytes]], int]:
+        """(floor, records, end offset of the last good record)."""
+        try:
+            data = self._journal_path.read_bytes()
+        except FileNotFoundError:
+            return 0, [], 0
+        if len(data) < _JNL_HEADER.size:
+            return 0, [], 0  # a crash while creating the file: nothing was ever appended
+        magic, floor = _JNL_HEADER.unpack_from(data, 0)
+        if magic != _JNL_MAGIC:
+            raise StorageError(f"{self._journal_path} is not a bucket journal (bad magic)")
+        records = []
+        pos = _JNL_HEADER.size
+        while pos + _REC.size <= len(data):
+            length, crc, rid = _REC.unpack_from(data, pos)
+            start = pos + _REC.size
+            end = start + length
+            if length > _MAX_RECORD or end > len(data):
+                break
+            payload = data[start:end]
+            if zlib.crc32(payload, zlib.crc32(struct.pack("<Q", rid))) != crc:
+                break
+            records.append((rid, payload))
+            pos = end
+        return floor, records, pos
+
+    def _write_journal_file(self, floor: int, records: List[Tuple[int, bytes]]) -> None:
+        buf = [_JNL_HEADER.pack(_JNL_MAGIC, floor)]
+        for rid, payload in records:
+            buf.append(self._pack_record(rid, payload))
+        atomic_write(self._journal_path, b"".join(buf))
+
+    @staticmethod
+    def _pack_record(rid: int, payload: bytes) -> bytes:
+        crc = zlib.crc32(payload, zlib.crc32(struct.pack("<Q", rid)))
+        return _REC.pack(len(payload), crc, rid) + payload
+
+    def _open_journal(self) -> int:
+        if self._jfd is not None:
+            return self._jfd
+        floor, records, end = self._scan_journal()
+        try:
+            if not self._journal_path.exists() or end < _JNL_HEADER.size:
+                self._write_journal_file(floor, [])
+            elif end < self._journal_path.stat().st_size:
+                logger.warning("bucket journal %s: dropping a torn tail after %d records", self._journal_path, len(records))
+                self._write_journal_file(floor, records)
+            self._jfd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot open journal: {exc}") from exc
+        self._jfloor = floor
+        self._jnext = max([floor] + [r for r, _ in records]) + 1
+        return self._jfd
+
+    def journal_append(self, record: bytes) -> int:
+        with self._jlock:
+            fd = self._open_journal()
+            rid = self._jnext
+            try:
+                os.write(fd, self._pack_record(rid, bytes(record)))
+                os.fdatasync(fd)
+            except OSError as exc:
+                # The file may now end in a torn record: reopen (and cut it) before the next append.
+                self._close_journal()
+                raise StorageError(f"directory storage {self.root}: journal append failed: {exc}") from exc
+            self._jnext = rid + 1
+            return rid
+
+    def journal_read(self) -> List[Tuple[int, bytes]]:
+        with self._jlock:
+            self._open_journal()
+            _, records, _ = self._scan_journal()
+            return records
+
+    def journal_truncate(self, upto: int) -> None:
+        with self._jlock:
+            self._open_journal()
+            floor, records, _ = self._scan_journal()
+            keep = [(r, p) for r, p in records if r > upto]
+            new_floor = max(floor, upto)
+            self._close_journal()
+            try:
+                self._write_journal_file(new_floor, keep)
+            except OSError as exc:
+                raise StorageError(f"directory storage {self.root}: journal truncate failed: {exc}") from exc
+            self._open_journal()
+
+    def _close_journal(self) -> None:
+        if self._jfd is not None:
+            try:
+                os.close(self._jfd)
+            except OSError:
+                pass
+            self._jfd = None
+
+    # -- manifest / cursor --------------------------------------------------------------------
+    def _get(self, name: str) -> Optional[bytes]:
+        try:
+            return (self.root / name).read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot read {name}: {exc}") from exc
+
+    def _put(self, name: str, data: bytes) -> None:
+        try:
+            atomic_write(self.root / name, bytes(data))
+        except OSError as exc:
+            raise StorageError(f"directory storage {self.root}: cannot write {name}: {exc}") from exc
+
+    def get_manifest(self) -> Optional[bytes]:
+        return self._get("manifest.bin")
+
+    def put_manifest(self, data: bytes) -> None:
+        self._put("manifest.bin", data)
+
+    def get_cursor(self) -> Optional[bytes]:
+        return self._get("cursor.bin")
+
+    def put_cursor(self, data: bytes) -> None:
+        self._put("cursor.bin", data)
+
+    def close(self) -> None:
+        with self._jlock:
+            self._close_journal()
