@@ -6,7 +6,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 import pulsar
 import pytest
@@ -17,7 +17,6 @@ from pulsar_lifecycle.dedup import (
     DedupPublisher,
     DedupSnapshot,
     Outcome,
-    Position,
     PublishError,
     PublishResult,
     SequenceError,
