@@ -44,6 +44,7 @@ class BookieHttpServer(LocalHttpServer):
         self.ledgers: Dict[int, Dict[str, str]] = {}
         self.deleted: List[int] = []  # in deletion order
         self.delete_calls = 0
+        self.poisoned: set = set()  # ledgers whose every call answers 500 (a permanently failing storage)
 
     def add_ledger(self, ledger_id: int, custom_metadata: Dict[str, str]) -> None:
         """Create a ledger carrying `custom_metadata` (text values)."""
@@ -82,6 +83,8 @@ class BookieHttpServer(LocalHttpServer):
             lid = int(params["ledger_id"])
             with self.lock:
                 self.delete_calls += 1
+                if lid in self.poisoned:
+                    return 500, "Internal Server Error (poisoned ledger)"
                 if lid not in self.ledgers:
                     if self.ledger_manager == "zk":
                         return 200, f"Deleted ledger: {lid}"
@@ -97,7 +100,7 @@ class BookieHttpServer(LocalHttpServer):
                 return 404, "Not found method. Should be GET method"
             lid = int(params["ledger_id"])
             with self.lock:
-                if lid not in self.ledgers:
+                if lid not in self.ledgers or lid in self.poisoned:
                     return 500, "Internal Server Error"
                 return 200, {str(lid): self._metadata_json(lid)}
         if path == "/api/v1/ledger/list" and method == "GET":
