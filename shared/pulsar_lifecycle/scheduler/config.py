@@ -1,0 +1,105 @@
+"""userConfig of BucketSnapshotWriter: parsed once, unknown keys rejected."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Mapping, Optional
+
+from ..bucket.config import BucketConfig
+
+# userConfig key -> (attribute, default, meaning). docs/configuration.md is generated from this.
+WRITER_KEYS: Dict[str, tuple] = {
+    "snapshotStorage": ("snapshot_storage", "directory", "Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service)."),
+    "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store; default `.pulsar-lifecycle/buckets/<tenant>_<namespace>_<name>` under the working directory."),
+    "snapshotStorageServiceUrl": ("snapshot_storage_service_url", "", "`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`."),
+    "allowedTargetPrefix": ("allowed_target_prefix", "", "Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused."),
+    "maxDelaySeconds": ("max_delay_seconds", 400 * 86400, "Deliver-at times further than this in the future are refused (sent to invalidMessageTopic)."),
+    "invalidMessageTopic": ("invalid_message_topic", "", "Where malformed scheduling messages go, with the reason in `__pl_error__`; default `<first input>-INVALID`."),
+    "tickTopic": ("tick_topic", "", "Input topic whose ticks wake the function after a restart with an idle input."),
+    "tickMode": ("tick_mode", "runner", "`runner`: the local runner produces ticks; `chain`: each tick schedules the next with deliver_after (real Pulsar)."),
+    "tickTimeMillis": ("tick_time_millis", 1000, "Tick period (Pulsar's delayedDeliveryTickTimeMillis)."),
+    "ingestBatchSize": ("ingest_batch_size", 500, "Scheduling messages made durable together in one journal write before they are acked."),
+    "ingestBatchDelayMillis": ("ingest_batch_delay_millis", 5, "Longest wait to fill an ingest batch."),
+    "releaseBatchSize": ("release_batch_size", 1000, "Releases taken from the index per round."),
+    "commitIntervalMillis": ("commit_interval_millis", 100, "How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them)."),
+    "producerName": ("producer_name", "", "Stable producer name of the release publisher; default `<tenant>/<namespace>/<name>-<instance>-release`."),
+    "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delayed_message_index_* metrics are recorded."),
+}
+
+
+@dataclass(frozen=True)
+class WriterConfig:
+    """BucketSnapshotWriter settings plus the bucket engine's (BucketConfig)."""
+
+    snapshot_storage: str = "directory"
+    snapshot_dir: str = ""
+    snapshot_storage_service_url: str = ""
+    allowed_target_prefix: str = ""
+    max_delay_seconds: int = 400 * 86400
+    invalid_message_topic: str = ""
+    tick_topic: str = ""
+    tick_mode: str = "runner"
+    tick_time_millis: int = 1000
+    ingest_batch_size: int = 500
+    ingest_batch_delay_millis: int = 5
+    release_batch_size: int = 1000
+    commit_interval_millis: int = 100
+    producer_name: str = ""
+    metrics_interval_seconds: int = 10
+    bucket: BucketConfig = field(default_factory=BucketConfig)
+
+    def __post_init__(self) -> None:
+        if self.snapshot_storage not in ("directory", "bookkeeper"):
+            raise ValueError(f"userConfig snapshotStorage must be 'directory' or 'bookkeeper', got {self.snapshot_storage!r}")
+        if self.snapshot_storage == "bookkeeper" and not self.snapshot_storage_service_url.startswith("bk://"):
+            raise ValueError("userConfig snapshotStorage=bookkeeper needs snapshotStorageServiceUrl bk://host:port")
+        if self.tick_mode not in ("runner", "chain"):
+            raise ValueError(f"userConfig tickMode must be 'runner' or 'chain', got {self.tick_mode!r}")
+        for name in ("max_delay_seconds", "tick_time_millis", "ingest_batch_size", "release_batch_size",
+                     "commit_interval_millis", "metrics_interval_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"userConfig {_key_of(name)} must be > 0, got {getattr(self, name)!r}")
+        if self.ingest_batch_delay_millis < 0:
+            raise ValueError("userConfig ingestBatchDelayMillis must be >= 0")
+
+
+def _key_of(attr: str) -> str:
+    return next(k for k, v in WRITER_KEYS.items() if v[0] == attr)
+
+
+def bucket_keys() -> Dict[str, str]:
+    """userConfig names of the bucket engine settings (Pulsar's broker.conf names)."""
+    out = {}
+    for f in fields(BucketConfig):
+        if f.name in ("topic", "cursor"):
+            continue
+        parts = f.name.split("_")
+        out[parts[0] + "".join(p.capitalize() for p in parts[1:])] = f.name
+    return out
+
+
+def all_user_config_keys() -> list:
+    """Every userConfig key BucketSnapshotWriter understands."""
+    return sorted(list(WRITER_KEYS) + list(bucket_keys()))
+
+
+def parse_writer_config(user_config: Optional[Mapping[str, Any]], topic: str = "", cursor: str = "") -> WriterConfig:
+    """userConfig -> WriterConfig; an unknown key is an error listing the valid ones."""
+    writer: Dict[str, Any] = {}
+    bucket: Dict[str, Any] = {"topic": topic, "cursor": cursor}
+    bkeys = bucket_keys()
+    for key, value in (user_config or {}).items():
+        if key in WRITER_KEYS:
+            attr, default, _ = WRITER_KEYS[key]
+            if isinstance(default, int) and not isinstance(default, bool):
+                try:
+                    value = int(value)  # --user-config JSON goes through Gson: 5 -> 5.0
+                except (TypeError, ValueError):
+                    raise ValueError(f"userConfig {key} must be an integer, got {value!r}") from None
+            elif not isinstance(value, str):
+                raise ValueError(f"userConfig {key} must be a string, got {value!r}")
+            writer[attr] = value
+        elif key in bkeys:
+            bucket[bkeys[key]] = int(value)
+        else:
+            raise ValueError(f"unknown userConfig key {key!r} for BucketSnapshotWriter; valid keys: {all_user_config_keys()}")
+    return WriterConfig(bucket=BucketConfig(**bucket), **writer)

@@ -1,0 +1,70 @@
+"""Turning a scheduling-topic message into an index item, a cancel, or a refusal with a reason."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple, Union
+
+from ..bucket.protocol import (
+    CANCEL_PROP,
+    DELIVER_AT_PROP,
+    TARGET_PROP,
+    ProtocolError,
+    parse_cancel_target,
+    parse_deliver_at,
+)
+from ..bucket.records import DelayedMessage
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """A request to cancel the scheduling message at (ledger_id, entry_id)."""
+
+    ledger_id: int
+    entry_id: int
+
+
+@dataclass(frozen=True)
+class Invalid:
+    """A message that cannot be scheduled, and why."""
+
+    reason: str
+
+
+Intake = Union[DelayedMessage, Cancel, Invalid]
+
+
+def classify(
+    *,
+    payload: bytes,
+    properties: dict,
+    key: Optional[str],
+    event_time: int,
+    position: Tuple[int, int, int, int],
+    now_ms: int,
+    max_delay_ms: int,
+    allowed_target_prefix: str,
+) -> Intake:
+    """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
+    ledger, entry, partition, batch_index = position
+    if batch_index > 0:
+        # Items are keyed by entry; a batch shares one entry id, so its later messages would be
+        # taken for duplicates. DelayedProducer disables batching.
+        return Invalid(f"message {ledger}:{entry} is batch index {batch_index}: disable batching on delayed producers")
+    try:
+        if CANCEL_PROP in properties:
+            lid, eid = parse_cancel_target(properties[CANCEL_PROP])
+            return Cancel(lid, eid)
+        if DELIVER_AT_PROP not in properties:
+            return Invalid(f"missing {DELIVER_AT_PROP} (deliver-at, ms since epoch)")
+        deliver_at = parse_deliver_at(properties[DELIVER_AT_PROP])
+    except ProtocolError as exc:
+        return Invalid(str(exc))
+    if deliver_at - now_ms > max_delay_ms:
+        return Invalid(f"{DELIVER_AT_PROP}={deliver_at} is {(deliver_at - now_ms) // 1000} s ahead, over maxDelaySeconds={max_delay_ms // 1000}")
+    target = properties.get(TARGET_PROP) or None
+    if target is not None and (not allowed_target_prefix or not target.startswith(allowed_target_prefix)):
+        return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix={allowed_target_prefix!r}")
+    props = {k: v for k, v in properties.items() if k != TARGET_PROP}
+    return DelayedMessage(ledger_id=ledger, entry_id=entry, partition=partition, deliver_at=deliver_at,
+                          payload=bytes(payload), key=key or None, properties=props,
+                          event_time=int(event_time or 0), target=target)

@@ -1,0 +1,253 @@
+"""The scheduler service behind BucketSnapshotWriter: intake, release thread, commits, metrics.
+
+Threads:
+- process() (the runtime's execution thread) only classifies a message and queues it;
+- the intake thread makes a batch durable in the bucket index, then acks its source messages;
+- the release thread sleeps until the next deliver-at time, pops due items in release-key order,
+  publishes them through the dedup publisher with the engine's sequence ids and commits the
+  release watermark once the broker confirmed everything up to it.
+A crash anywhere re-derives the same (item, seq) pairs after the last commit and the dedup
+publisher drops the ones already on the topic: nothing lost, nothing twice.
+"""
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+
+from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
+from ..bucket.records import DelayedMessage, Release
+from ..dedup.publisher import DedupPublisher, Outcome, PublishResult
+from .config import WriterConfig
+from .intake import Cancel, Invalid
+
+log = logging.getLogger(__name__)
+ERROR_PROP = "__pl_error__"
+
+
+def now_ms() -> int:
+    """Wall clock in ms: deliver-at times are wall-clock instants."""
+    return int(time.time() * 1000)
+
+
+@dataclass
+class Pending:
+    """A queued intake item and how to acknowledge its source message."""
+
+    item: Any  # DelayedMessage | Cancel | Invalid
+    ack: Callable[[], None]
+    payload: bytes = b""
+    properties: Dict[str, str] = field(default_factory=dict)
+
+
+class SchedulerService:
+    """Owns the engine, the release publisher and the two worker threads."""
+
+    def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
+                 invalid_topic: str, client: Any, record_metric: Callable[[str, float], None]) -> None:
+        self.engine = engine
+        self.publisher = publisher
+        self.config = config
+        self.default_target = default_target
+        self.invalid_topic = invalid_topic
+        self.client = client
+        self.record_metric = record_metric
+        self._intake: "queue.Queue[Pending]" = queue.Queue(maxsize=max(1000, 4 * config.ingest_batch_size))
+        self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._threads: List[threading.Thread] = []
+        self._outstanding: Deque[int] = deque()  # seqs handed to the publisher, in order
+        self._confirmed: set = set()
+        self._confirm_lock = threading.Lock()
+        self._committed = 0
+        self._invalid_producer: Any = None
+        self.failure: Optional[BaseException] = None
+        self.released = 0
+        self.cancelled = 0
+        self.invalid = 0
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> None:
+        """Recover the index and start the intake and release threads."""
+        report = self.engine.recover()
+        log.info("event=scheduler_recovered report=%s target=%s", report, self.default_target)
+        for name, target in (("bucket-intake", self._intake_loop), ("bucket-release", self._release_loop)):
+            t = threading.Thread(target=self._guard(target), name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # surfaced through .failure; process() rebuilds the service
+                self.failure = exc
+                log.exception("event=scheduler_thread_failed thread=%s error=%r", threading.current_thread().name, exc)
+                self._stop.set()
+        return run
+
+    @property
+    def healthy(self) -> bool:
+        """False once a worker thread died; the function then builds a new service."""
+        return self.failure is None and not self._stop.is_set()
+
+    def stop(self) -> None:
+        """Stop both threads, flush the publisher and close the engine's storage."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for t in self._threads:
+            t.join(timeout=10)
+        try:
+            self.publisher.flush()
+            self._advance_commit()
+        except Exception as exc:
+            log.warning("event=scheduler_stop_flush_failed error=%r", exc)
+        self.publisher.close()
+        closer = getattr(self.engine, "close", None)
+        if callable(closer):
+            closer()
+
+    # -- intake ----------------------------------------------------------------------------------
+    def submit(self, pending: Pending) -> None:
+        """Queue one classified message (called from process()); blocks when the queue is full."""
+        while not self._stop.is_set():
+            try:
+                self._intake.put(pending, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+        raise RuntimeError("scheduler stopped") from self.failure
+
+    def _take_batch(self) -> List[Pending]:
+        try:
+            first = self._intake.get(timeout=0.2)
+        except queue.Empty:
+            return []
+        batch = [first]
+        deadline = time.monotonic() + self.config.ingest_batch_delay_millis / 1000.0
+        while len(batch) < self.config.ingest_batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                batch.append(self._intake.get(timeout=max(0.0, remaining)) if remaining > 0 else self._intake.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _intake_loop(self) -> None:
+        while not self._stop.is_set():
+            batch = self._take_batch()
+            if not batch:
+                self.engine.maybe_seal(now_ms())
+                continue
+            adds = [p for p in batch if isinstance(p.item, DelayedMessage)]
+            if adds:
+                self.engine.add([p.item for p in adds])  # durable when it returns
+            for p in batch:
+                if isinstance(p.item, Cancel):
+                    result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
+                    log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id, p.item.entry_id,
+                             getattr(result, "name", result))
+                elif isinstance(p.item, Invalid):
+                    self._send_invalid(p)
+            for p in batch:
+                p.ack()
+            self.engine.maybe_seal(now_ms())
+            with self._wake:
+                self._wake.notify_all()
+
+    def _send_invalid(self, p: Pending) -> None:
+        # Bad input is kept, with its reason, before its source message is acked.
+        if self._invalid_producer is None:
+            self._invalid_producer = self.client.create_producer(self.invalid_topic, batching_enabled=False)
+        props = dict(p.properties)
+        props[ERROR_PROP] = p.item.reason
+        self._invalid_producer.send(p.payload, properties=props)
+        self.invalid += 1
+        log.warning("event=invalid_scheduling_message topic=%s reason=%s", self.invalid_topic, p.item.reason)
+
+    # -- release ---------------------------------------------------------------------------------
+    def _release_loop(self) -> None:
+        last_commit = time.monotonic()
+        last_metrics = 0.0
+        while not self._stop.is_set():
+            releases = self.engine.pop_due(now_ms(), self.config.release_batch_size)
+            for r in releases:
+                self._publish(r)
+            now = time.monotonic()
+            if now - last_commit >= self.config.commit_interval_millis / 1000.0:
+                self._advance_commit()
+                last_commit = now
+            if now - last_metrics >= self.config.metrics_interval_seconds:
+                self._record_metrics()
+                last_metrics = now
+            if releases:
+                continue
+            nxt = self.engine.next_release_time()
+            wait = self.config.tick_time_millis / 1000.0
+            if nxt is not None:
+                wait = min(wait, max(0.0, (nxt - now_ms()) / 1000.0))
+            wait = min(wait, self.config.commit_interval_millis / 1000.0) if self._outstanding else wait
+            if wait > 0:
+                with self._wake:
+                    self._wake.wait(wait)
+
+    def _publish(self, r: Release) -> None:
+        with self._confirm_lock:
+            self._outstanding.append(r.seq)
+        if r.cancelled:
+            self.cancelled += 1
+            self._confirm(r.seq)
+            return
+        m = r.message
+        props = dict(m.properties)
+        props[ORIGIN_MSG_ID_PROP] = format_origin_msg_id(m.ledger_id, m.entry_id, m.partition)
+        seq = r.seq
+
+        def done(res: PublishResult) -> None:
+            if res.outcome in (Outcome.PERSISTED, Outcome.DUPLICATE):
+                self._confirm(seq)
+            else:
+                self.failure = RuntimeError(f"release seq={seq} failed: {res}")
+                self._stop.set()
+
+        self.publisher.publish(m.target or self.default_target, m.payload, seq, properties=props,
+                               partition_key=m.key, event_timestamp=m.event_time or None, callback=done)
+        self.released += 1
+
+    def _confirm(self, seq: int) -> None:
+        with self._confirm_lock:
+            self._confirmed.add(seq)
+
+    def _advance_commit(self) -> None:
+        upto = 0
+        with self._confirm_lock:
+            while self._outstanding and self._outstanding[0] in self._confirmed:
+                upto = self._outstanding.popleft()
+                self._confirmed.discard(upto)
+        if upto > self._committed:
+            self.engine.commit(upto)
+            self._committed = upto
+
+    def _record_metrics(self) -> None:
+        stats = self.engine.stats()
+        for name, value in metric_values(stats):
+            self.record_metric(name, value)
+
+
+def metric_values(stats: Any) -> List[Tuple[str, float]]:
+    """Pulsar's pulsar_delayed_message_index_* metrics from the engine's stats."""
+    out: List[Tuple[str, float]] = [
+        ("pulsar_delayed_message_index_bucket_total", float(getattr(stats, "bucket_total", 0))),
+        ("pulsar_delayed_message_index_loaded", float(getattr(stats, "loaded", 0))),
+        ("pulsar_delayed_message_index_bucket_snapshot_size_bytes", float(getattr(stats, "snapshot_size_bytes", 0))),
+    ]
+    for (typ, state), count in sorted(getattr(stats, "op_count", {}).items()):
+        out.append((f"pulsar_delayed_message_index_bucket_op_count{{type={typ},state={state}}}", float(count)))
+    for typ, ms in sorted(getattr(stats, "op_latency_ms", {}).items()):
+        out.append((f"pulsar_delayed_message_index_bucket_op_latency_ms{{type={typ}}}", float(ms)))
+    return out
