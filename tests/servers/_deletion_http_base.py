@@ -19,6 +19,7 @@ class LocalHttpServer:
     repeat). Bodies that are dicts/lists are sent as JSON, strings as text."""
 
     def __init__(self, fail_rate: float = 0.0, seed: int = 0) -> None:
+        self.latency_s = 0.0  # added before every answer (to make runs take long enough to interrupt)
         if not 0.0 <= fail_rate <= 1.0:
             raise ValueError(f"fail_rate must be within [0, 1], got {fail_rate}")
         self.fail_rate = fail_rate
@@ -56,6 +57,10 @@ class LocalHttpServer:
                 body = self.rfile.read(length) if length else b""
                 parsed = urlparse(self.path)
                 params = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+                if server.latency_s:
+                    import time
+
+                    time.sleep(server.latency_s)
                 if server._should_fail():
                     status, out = 500, "Internal Server Error (injected)"
                 else:

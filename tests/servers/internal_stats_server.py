@@ -9,7 +9,6 @@ the broker's metadata side (add a ledger, remove it from metadata, delete the to
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -142,8 +141,6 @@ class InternalStatsServer(LocalHttpServer):
             return 404, {"reason": "Not Found"}
         tenant, ns, enc_topic, endpoint = parts
         topic = f"{tenant}/{ns}/{unquote_plus(enc_topic)}"
-        if self.latency_s:
-            time.sleep(self.latency_s)
         with self.lock:
             self.calls[(topic, endpoint)] += 1
             if method == "GET" and endpoint == "internalStats":
