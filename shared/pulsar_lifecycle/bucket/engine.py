@@ -402,6 +402,7 @@ class BucketIndex:
     def _replay_journal(self, records: List[Tuple[int, bytes]], counters: Dict[str, int]) -> int:
         w = self._committed_key
         used = 0
+        replayed: Set[Tuple[int, int]] = set()
         for rid, raw in records:
             if rid <= self._journal_cut:
                 continue  # already covered by a snapshot (crash between manifest and truncate)
@@ -411,8 +412,12 @@ class BucketIndex:
             for blob in rec.add:
                 idx = parse(DelayedIndex, blob, f"journal record {rid} item")
                 ledger, entry = idx.ledger_id, idx.entry_id
-                if not self._seen.add(ledger, entry):
+                # The manifest's seen-set may already hold journal items (any manifest write
+                # after the last seal includes them); within the journal the first record wins.
+                if (ledger, entry) in replayed:
                     continue
+                replayed.add((ledger, entry))
+                self._seen.add(ledger, entry)
                 key = (idx.timestamp, ledger, entry)
                 if w is not None and key <= w:
                     continue  # released and committed before the restart
