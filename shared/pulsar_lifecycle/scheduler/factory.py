@@ -21,7 +21,8 @@ def open_snapshot_storage(cfg: WriterConfig, context: Any) -> Any:
     if cfg.snapshot_storage == "bookkeeper":
         from ..bucket.storage_bk import BookKeeperTableSnapshotStorage
 
-        return BookKeeperTableSnapshotStorage(cfg.snapshot_storage_service_url, table)
+        return BookKeeperTableSnapshotStorage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
+                                              context.get_function_namespace(), f"{context.get_function_name()}_buckets".replace("-", "_"))
     path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else Path(".pulsar-lifecycle") / "buckets" / table
     return DirectorySnapshotStorage(path)
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
+from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
 from ..dedup.publisher import DedupPublisher, Outcome, PublishResult
 from .config import WriterConfig
@@ -248,6 +249,11 @@ def metric_values(stats: Any) -> List[Tuple[str, float]]:
     ]
     for (typ, state), count in sorted(getattr(stats, "op_count", {}).items()):
         out.append((f"pulsar_delayed_message_index_bucket_op_count{{type={typ},state={state}}}", float(count)))
-    for typ, ms in sorted(getattr(stats, "op_latency_ms", {}).items()):
-        out.append((f"pulsar_delayed_message_index_bucket_op_latency_ms{{type={typ}}}", float(ms)))
+    for typ, counts in sorted(getattr(stats, "op_latency_ms", {}).items()):
+        # Pulsar exports per-bucket (not cumulative) counts labelled by the bucket's upper bound.
+        bounds = [str(b) for b in LATENCY_BUCKETS_MS] + ["overflow"]
+        for bound, count in zip(bounds, counts):
+            out.append((f"pulsar_delayed_message_index_bucket_op_latency_ms{{type={typ},quantile={bound}}}", float(count)))
+    for typ, total in sorted(getattr(stats, "op_latency_sum_ms", {}).items()):
+        out.append((f"pulsar_delayed_message_index_bucket_op_latency_ms_sum{{type={typ}}}", float(total)))
     return out

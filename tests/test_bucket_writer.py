@@ -1,0 +1,95 @@
+"""BucketSnapshotWriter through the local run mode on the real embedded broker."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pulsar
+import pytest
+
+from helpers import drain
+from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
+from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
+from pulsar_lifecycle.scheduler.service import ERROR_PROP
+from pulsar_lifecycle.timing import DelayedProducer, now_ms
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def writer_spec(unique: str, tmp_path: Path, **user):
+    cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
+    sched = f"persistent://public/default/sched-{unique}"
+    ticks = f"persistent://public/default/ticks-{unique}"
+    cfg["inputSpecs"] = {sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
+                         ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    cfg["output"] = f"persistent://public/default/released-{unique}"
+    cfg["name"] = f"writer-{unique}"
+    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
+                             tickTimeMillis=200, **user)
+    return spec_from_config(cfg), sched
+
+
+def start_writer(broker, tmp_path, spec) -> LocalRunner:
+    return LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path)).start()
+
+
+def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, unique):
+    spec, sched = writer_spec(unique, tmp_path)
+    runner = start_writer(broker, tmp_path, spec)
+    client = quiet_client(broker.service_url)
+    dp = DelayedProducer(client, scheduling_topic=sched)
+    try:
+        base = now_ms()
+        sent = {}
+        for i in range(30):
+            at = base + (i % 6) * 400  # 0..2 s, some already due
+            mid = dp.send(spec.output, f"p{i}".encode(), at, properties={"k": str(i)}, key=f"key{i}",
+                          event_timestamp=1_000_000 + i)
+            sent[f"p{i}"] = (at, mid)
+        got = drain(client, spec.output, "check", expect=30, timeout=30)
+        arrival = time.time() * 1000
+    finally:
+        dp.close()
+        runner.stop()
+        client.close()
+    assert sorted(m.data().decode() for m in got) == sorted(sent)
+    for m in got:
+        at, mid = sent[m.data().decode()]
+        props = m.properties()
+        i = props["k"]
+        assert props[DELIVER_AT_PROP] == str(at)
+        assert props[ORIGIN_MSG_ID_PROP] == f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}"
+        assert m.partition_key() == f"key{i}" and m.event_timestamp() == 1_000_000 + int(i)
+        assert m.publish_timestamp() >= at, f"released {at - m.publish_timestamp()} ms early"
+    assert arrival >= max(at for at, _ in sent.values())
+
+
+def test_cancel_and_invalid_messages(broker, tmp_path, unique):
+    spec, sched = writer_spec(unique, tmp_path)
+    runner = start_writer(broker, tmp_path, spec)
+    client = quiet_client(broker.service_url)
+    dp = DelayedProducer(client, scheduling_topic=sched)
+    raw = client.create_producer(sched, batching_enabled=False)
+    try:
+        keep = dp.send_after(spec.output, b"keep", 1500)
+        drop = dp.send_after(spec.output, b"drop", 1500)
+        dp.cancel(drop)
+        raw.send(b"no-time")                                      # missing deliver-at
+        raw.send(b"negative", properties={DELIVER_AT_PROP: "-5"})  # malformed
+        raw.send(b"far", properties={DELIVER_AT_PROP: str(now_ms() + 10**12)})  # beyond maxDelaySeconds
+        dp.send("persistent://other/ns/elsewhere", b"bad-target", now_ms())
+        got = drain(client, spec.output, "check", expect=2, timeout=6)
+        invalid = drain(client, f"{sched}-INVALID", "check", expect=4, timeout=15)
+    finally:
+        dp.close()
+        runner.stop()
+        client.close()
+    assert [m.data() for m in got] == [b"keep"]
+    assert keep is not None
+    reasons = {m.data(): m.properties()[ERROR_PROP] for m in invalid}
+    assert set(reasons) == {b"no-time", b"negative", b"far", b"bad-target"}
+    assert "__pl_deliver_at__" in reasons[b"no-time"] and "maxDelaySeconds" in reasons[b"far"]
+    assert "allowedTargetPrefix" in reasons[b"bad-target"]
