@@ -763,7 +763,9 @@ class BucketIndex:
             return False
         with self._lock:
             counts = [b.remaining for b in self._buckets]
-            eligible = [b.remaining > 0 for b in self._buckets]
+            # Every bucket may merge (see merge_policy): excluding drained-but-uncommitted ones
+            # could leave no adjacent window and the bucket count above the limit.
+            eligible = [True] * len(self._buckets)
             next_ts = [b.seg_min[b.cur] if not b.drained else MAX_U64 for b in self._buckets]
             w = self._committed_key
         sel = select_merge_window(counts, eligible, next_ts)

@@ -4,9 +4,11 @@ Pulsar (selectMergedBuckets, MAX_MERGE_NUM = 4, PR #19927): slide a window of 4 
 buckets, all eligible, and take the window with the smallest total of delayed messages; ties go
 to the window whose next schedule timestamp is earliest; if no window of 4 qualifies try 3,
 then 2. Pulsar calls a bucket eligible when its last segment is not loaded yet and it is not
-already merging. We call a bucket eligible when it still has unreleased items: with our
-time/count based sealing many buckets have a single segment, and Pulsar's rule would leave
-them unmergeable and the bucket count unbounded (documented in docs/bucket-format.md).
+already merging. The engine calls every bucket eligible: all items after the committed
+watermark are read back from the snapshot (never from memory), so a loaded last segment is no
+obstacle, and with our time/count based sealing many buckets have a single segment — Pulsar's
+rule would leave them (and drained buckets awaiting their commit) unmergeable and the bucket
+count unbounded (documented in docs/bucket-format.md). `eligible` is kept for Pulsar's rule.
 """
 from __future__ import annotations
 
