@@ -12,6 +12,7 @@ import base64
 import logging
 import queue
 import threading
+import time
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
@@ -86,17 +87,7 @@ class FunctionInstance:
                 kwargs["unacked_messages_timeout_ms"] = int(self.spec.timeout_ms)
             if ispec.get("receiverQueueSize"):
                 kwargs["receiver_queue_size"] = int(ispec["receiverQueueSize"])
-            consumer = self.client.subscribe(
-                topic,
-                self.spec.sub_name,
-                consumer_type=self._consumer_type(),
-                initial_position=position,
-                message_listener=self._make_listener(topic),
-                negative_ack_redelivery_delay_ms=self.nack_delay_ms,
-                properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
-                            "instance_id": str(self.context.identity.instance_id)},
-                **kwargs,
-            )
+            consumer = self._subscribe_with_retry(topic, position, kwargs)
             self._consumers[topic] = consumer
             self.context.consumers[topic] = consumer
         self._thread = threading.Thread(target=self._run, name=f"fn-{self.context.identity.name}-{self.context.identity.instance_id}", daemon=True)
@@ -104,6 +95,31 @@ class FunctionInstance:
         log.info("event=instance_started fqfn=%s instance=%d inputs=%s output=%s guarantee=%s",
                  self.context.identity.fqfn, self.context.identity.instance_id, self.spec.inputs,
                  self.spec.output, self.guarantee)
+
+    def _subscribe_with_retry(self, topic: str, position: Any, kwargs: Dict[str, Any],
+                              attempts: int = 4) -> pulsar.Consumer:
+        # After a SIGKILL the broker may still hold the dead process's consumer for a while;
+        # a real worker restarts the instance, we retry a bounded number of times.
+        for attempt in range(1, attempts + 1):
+            try:
+                return self.client.subscribe(
+                    topic,
+                    self.spec.sub_name,
+                    consumer_type=self._consumer_type(),
+                    initial_position=position,
+                    message_listener=self._make_listener(topic),
+                    negative_ack_redelivery_delay_ms=self.nack_delay_ms,
+                    properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
+                                "instance_id": str(self.context.identity.instance_id)},
+                    **kwargs,
+                )
+            except pulsar.PulsarException as exc:
+                if attempt == attempts:
+                    raise RuntimeError(f"cannot subscribe {self.spec.sub_name!r} to {topic}: {exc}") from exc
+                log.warning("event=subscribe_retry topic=%s subscription=%s attempt=%d error=%r",
+                            topic, self.spec.sub_name, attempt, exc)
+                time.sleep(min(5.0, 0.5 * attempt))
+        raise AssertionError("unreachable")
 
     def _make_listener(self, topic: str):
         def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:

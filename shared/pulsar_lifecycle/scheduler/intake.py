@@ -9,10 +9,10 @@ from ..bucket.protocol import (
     DELIVER_AT_PROP,
     TARGET_PROP,
     ProtocolError,
-    parse_cancel_target,
     parse_deliver_at,
 )
 from ..bucket.records import DelayedMessage
+from . import positions
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,20 @@ def classify(
 ) -> Intake:
     """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
     ledger, entry, partition, batch_index = position
-    if batch_index > 0:
-        # Items are keyed by entry; a batch shares one entry id, so its later messages would be
-        # taken for duplicates. DelayedProducer disables batching.
-        return Invalid(f"message {ledger}:{entry} is batch index {batch_index}: disable batching on delayed producers")
+    index_entry = positions.encode(entry, batch_index)
+    if index_entry is None:
+        return Invalid(f"message {ledger}:{entry}:{batch_index} is beyond the index's position range "
+                       f"(entry <= {positions.MAX_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
     try:
         if CANCEL_PROP in properties:
-            lid, eid = parse_cancel_target(properties[CANCEL_PROP])
-            return Cancel(lid, eid)
+            try:
+                lid, eid, bidx = positions.parse_message_ref(properties[CANCEL_PROP])
+            except ValueError as exc:
+                return Invalid(f"{CANCEL_PROP}: {exc}")
+            target_entry = positions.encode(eid, bidx)
+            if target_entry is None:
+                return Invalid(f"{CANCEL_PROP}={properties[CANCEL_PROP]!r} is beyond the index's position range")
+            return Cancel(lid, target_entry)
         if DELIVER_AT_PROP not in properties:
             return Invalid(f"missing {DELIVER_AT_PROP} (deliver-at, ms since epoch)")
         deliver_at = parse_deliver_at(properties[DELIVER_AT_PROP])
@@ -65,6 +71,6 @@ def classify(
     if target is not None and (not allowed_target_prefix or not target.startswith(allowed_target_prefix)):
         return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix={allowed_target_prefix!r}")
     props = {k: v for k, v in properties.items() if k != TARGET_PROP}
-    return DelayedMessage(ledger_id=ledger, entry_id=entry, partition=partition, deliver_at=deliver_at,
+    return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,
                           payload=bytes(payload), key=key or None, properties=props,
                           event_time=int(event_time or 0), target=target)

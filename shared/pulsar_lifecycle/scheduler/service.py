@@ -23,6 +23,7 @@ from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
 from ..dedup.publisher import DedupPublisher, Outcome, PublishResult
+from . import positions
 from .config import WriterConfig
 from .intake import Cancel, Invalid
 
@@ -206,7 +207,9 @@ class SchedulerService:
             return
         m = r.message
         props = dict(m.properties)
-        props[ORIGIN_MSG_ID_PROP] = format_origin_msg_id(m.ledger_id, m.entry_id, m.partition)
+        entry, batch = positions.decode(m.entry_id)
+        origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
+        props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
         seq = r.seq
 
         def done(res: PublishResult) -> None:

@@ -16,6 +16,7 @@ from typing import Dict, Mapping, Optional
 import pulsar
 
 from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+from ..scheduler.positions import format_message_ref
 
 BACKENDS = ("broker", "scheduler")
 
@@ -45,8 +46,10 @@ class DelayedProducer:
         with self._lock:
             prod = self._producers.get(topic)
             if prod is None:
-                # Batching off: a batch shares one entry id, and the scheduler keys items by entry.
-                prod = self.client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
+                # Batching on: the scheduler indexes (entry, batch index), and the embedded broker
+                # dispatches unbatched messages about 100x slower than batched ones.
+                prod = self.client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                                   block_if_queue_full=True)
                 self._producers[topic] = prod
             return prod
 
@@ -86,7 +89,7 @@ class DelayedProducer:
         if self.backend != "scheduler":
             raise ValueError("cancellation needs the scheduler backend; Pulsar's broker cannot cancel (PR #23907)")
         assert self.scheduling_topic is not None
-        ref = f"{message_id.ledger_id()}:{message_id.entry_id()}"
+        ref = format_message_ref(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
         return self._producer(self.scheduling_topic).send(b"", properties={CANCEL_PROP: ref})
 
     def close(self) -> None:
