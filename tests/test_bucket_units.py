@@ -21,6 +21,7 @@ from pulsar_lifecycle.bucket.codec import (
     decode_item,
     encode_item,
     encode_journal_add,
+    frame,
     join_blobs,
     parse,
     CorruptRecordError,
@@ -45,7 +46,7 @@ PROTO_DIR = Path(__file__).resolve().parents[1] / "shared" / "pulsar_lifecycle" 
 
 def item(ts, ledger, entry, payload=b""):
     m = DelayedMessage(ledger, entry, -1, ts, payload)
-    return (ts, ledger, entry, encode_item(m, ts))
+    return (ts, ledger, entry, frame(encode_item(m, ts)))
 
 
 # -- bucket key --------------------------------------------------------------------------------

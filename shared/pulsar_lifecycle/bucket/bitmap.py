@@ -6,7 +6,7 @@ portable bytes, so these bitmaps are readable by Pulsar and vice versa.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, Mapping, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
 
 from pyroaring import BitMap
 
@@ -59,6 +59,15 @@ class LedgerBitmaps:
         bm.add(entry_id)
         self._count += 1
         return True
+
+    def add_many(self, ledger_id: int, entry_ids: List[int]) -> None:
+        """Add several entries of one ledger."""
+        bm = self._maps.get(ledger_id)
+        if bm is None:
+            bm = self._maps[ledger_id] = BitMap()
+        before = len(bm)
+        bm.update(entry_ids)
+        self._count += len(bm) - before
 
     def discard(self, ledger_id: int, entry_id: int) -> bool:
         """Remove; True when it was there."""

@@ -1,9 +1,10 @@
 """Encoding between DelayedMessage and the PIP-195 protobufs.
 
-Inside the engine an item is a tuple (ts, ledger_id, entry_id, blob) where `blob` is the
-serialized `pulsar.delay.DelayedIndex` (release key + our extension fields). A SnapshotSegment
-and a journal add-record are both just the framed blobs joined, so items move between the
-journal, the mutable bucket and snapshots without re-encoding.
+Inside the engine an item is a tuple (ts, ledger_id, entry_id, framed) where `framed` is the
+serialized `pulsar.delay.DelayedIndex` (release key + our extension fields) already framed as
+one element of a repeated field 1. A SnapshotSegment and a journal add-record are both just
+framed items joined, so items move between the journal, the mutable bucket and snapshots
+without re-encoding.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from .proto import DelayedMessageIndexBucketMetadata_pb2 as metadata_pb2
 from .proto import DelayedMessageIndexBucketSegment_pb2 as segment_pb2
 from .records import DelayedMessage, ReleaseKey
 
-Item = Tuple[int, int, int, bytes]  # (ts, ledger_id, entry_id, serialized DelayedIndex)
+Item = Tuple[int, int, int, bytes]  # (ts, ledger_id, entry_id, framed serialized DelayedIndex)
 
 DelayedIndex = segment_pb2.DelayedIndex
 SnapshotSegment = segment_pb2.SnapshotSegment
@@ -94,6 +95,20 @@ def decode_item(blob: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
     return (idx.timestamp, idx.ledger_id, idx.entry_id), index_to_message(idx)
 
 
+def encode_framed(message: DelayedMessage, ts: int) -> bytes:
+    """frame(encode_item(message, ts)): the item bytes stored in segments and the journal."""
+    return frame(encode_item(message, ts))
+
+
+def decode_framed(framed: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
+    """(release key, message) of one framed item."""
+    seg = parse(SnapshotSegment, framed, "framed DelayedIndex")
+    if len(seg.indexes) != 1:
+        raise CorruptRecordError(f"framed item holds {len(seg.indexes)} indexes, expected 1")
+    idx = seg.indexes[0]
+    return (idx.timestamp, idx.ledger_id, idx.entry_id), index_to_message(idx)
+
+
 def parse(cls, data: bytes, what: str):
     """Parse protobuf `cls` from `data`, raising CorruptRecordError naming `what`."""
     try:
@@ -112,8 +127,8 @@ def parse_segment(data: bytes, what: str = "SnapshotSegment") -> "segment_pb2.Sn
 
 
 def segment_items(segment: "segment_pb2.SnapshotSegment") -> List[Item]:
-    """A decoded segment's indexes as engine items (blobs re-serialized, key order kept)."""
-    return [(i.timestamp, i.ledger_id, i.entry_id, i.SerializeToString()) for i in segment.indexes]
+    """A decoded segment's indexes as engine items (re-serialized and framed, key order kept)."""
+    return [(i.timestamp, i.ledger_id, i.entry_id, frame(i.SerializeToString())) for i in segment.indexes]
 
 
 def join_blobs(blobs: Iterable[bytes]) -> bytes:

@@ -43,10 +43,10 @@ from .codec import (
     Manifest,
     ReleaseCursor,
     SnapshotMetadata,
-    decode_item,
-    encode_item,
-    encode_journal_add,
+    decode_framed,
+    encode_framed,
     encode_journal_cancel,
+    frame,
     index_to_message,
     parse,
     parse_segment,
@@ -421,7 +421,7 @@ class BucketIndex:
                 key = (idx.timestamp, ledger, entry)
                 if w is not None and key <= w:
                     continue  # released and committed before the restart
-                self._mheap.append((key[0], ledger, entry, bytes(blob)))
+                self._mheap.append((key[0], ledger, entry, frame(bytes(blob))))
                 self._pending.add(ledger, entry)
                 self._mstart = ledger if self._mstart < 0 else min(self._mstart, ledger)
                 self._mend = max(self._mend, ledger)
@@ -440,12 +440,16 @@ class BucketIndex:
         (journaled); the caller may ack the source messages then. May seal and merge."""
         msgs = list(messages)
         for m in msgs:
-            if not isinstance(m, DelayedMessage):
-                raise TypeError(f"add() takes DelayedMessage objects, got {type(m).__name__}")
+            if type(m) is not DelayedMessage:
+                if not isinstance(m, DelayedMessage):
+                    raise TypeError(f"add() takes DelayedMessage objects, got {type(m).__name__}")
             m.validate()
         results = [False] * len(msgs)
+        max_unacked = self.config.max_unacked_per_bucket
+        min_index = self.config.delayed_delivery_min_index_count_per_bucket
         with self._write_lock:
             self._check_usable()
+            seen = self._seen.contains
             batch: List[Tuple[int, DelayedMessage]] = []
             batch_ids: Set[Tuple[int, int]] = set()
             max_ledger = self._mend
@@ -453,9 +457,10 @@ class BucketIndex:
             seal_failed = False  # after a failed seal, do not retry for every message of the call
             for i, m in enumerate(msgs):
                 ident = (m.ledger_id, m.entry_id)
-                if ident in batch_ids or self._seen.contains(*ident):
+                if ident in batch_ids or seen(m.ledger_id, m.entry_id):
                     continue
-                if not seal_failed and self._pulsar_seal_due(m.ledger_id, max_ledger, mutable_count + len(batch)):
+                if (m.ledger_id > max_ledger and mutable_count + len(batch) >= min_index and not seal_failed
+                        and self._pulsar_seal_due(m.ledger_id, max_ledger, mutable_count + len(batch))):
                     self._flush(batch, results)
                     batch, batch_ids = [], set()
                     seal_failed = not self._seal_locked("ledger boundary + delayedDeliveryMinIndexCountPerBucket")
@@ -463,8 +468,9 @@ class BucketIndex:
                     max_ledger = self._mend
                 batch.append((i, m))
                 batch_ids.add(ident)
-                max_ledger = max(max_ledger, m.ledger_id)
-                if not seal_failed and mutable_count + len(batch) >= self.config.max_unacked_per_bucket:
+                if m.ledger_id > max_ledger:
+                    max_ledger = m.ledger_id
+                if mutable_count + len(batch) >= max_unacked and not seal_failed:
                     self._flush(batch, results)
                     batch, batch_ids = [], set()
                     seal_failed = not self._seal_locked("maxUnackedPerBucket")
@@ -494,22 +500,34 @@ class BucketIndex:
             self._inflight_min_ts = max(floor, min(m.deliver_at for _, m in batch))
         try:
             items = []
+            by_ledger: Dict[int, List[int]] = {}
             for _, m in batch:
                 ts = m.deliver_at if m.deliver_at > floor else floor
-                items.append((ts, m.ledger_id, m.entry_id, encode_item(m, ts)))
+                items.append((ts, m.ledger_id, m.entry_id, encode_framed(m, ts)))
+                entries = by_ledger.get(m.ledger_id)
+                if entries is None:
+                    by_ledger[m.ledger_id] = [m.entry_id]
+                else:
+                    entries.append(m.entry_id)
             try:
-                rid = self.storage.journal_append(encode_journal_add([it[3] for it in items]))
+                rid = self.storage.journal_append(b"".join([it[3] for it in items]))
             except Exception as exc:
                 raise self._fail("journal append", exc) from exc
             now = self._clock()
+            lo, hi = min(by_ledger), max(by_ledger)
             with self._lock:
-                for it in items:
-                    heapq.heappush(self._mheap, it)
-                    self._pending.add(it[1], it[2])
-                    self._mstart = it[1] if self._mstart < 0 else min(self._mstart, it[1])
-                    self._mend = max(self._mend, it[1])
-                for it in items:
-                    self._seen.add(it[1], it[2])
+                mheap = self._mheap
+                if mheap:
+                    for it in items:
+                        heapq.heappush(mheap, it)
+                else:
+                    mheap.extend(items)
+                    heapq.heapify(mheap)
+                for ledger, entries in by_ledger.items():
+                    self._pending.add_many(ledger, entries)
+                    self._seen.add_many(ledger, entries)
+                self._mstart = lo if self._mstart < 0 else min(self._mstart, lo)
+                self._mend = max(self._mend, hi)
                 if self._moldest_ms is None:
                     self._moldest_ms = now
                 self._journal_last = rid
@@ -815,7 +833,7 @@ class BucketIndex:
             for idx in seg.indexes:
                 key = (idx.timestamp, idx.ledger_id, idx.entry_id)
                 if w is None or key > w:
-                    yield (key[0], key[1], key[2], idx.SerializeToString())
+                    yield (key[0], key[1], key[2], frame(idx.SerializeToString()))
 
     def _write_merged(self, sources: Sequence[_Bucket], w: Optional[ReleaseKey]):
         start = min(s.start_ledger for s in sources)
@@ -931,7 +949,7 @@ class BucketIndex:
                     break
                 item = heapq.heappop(mheap)
                 self._mreleased.append(item)
-                (ts, ledger, entry), msg = decode_item(item[3])
+                (ts, ledger, entry), msg = decode_framed(item[3])
             else:
                 break
             self._seq += 1

@@ -33,6 +33,15 @@ class DelayedMessage:
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad field."""
+        # Fast path for the common, valid message; the slow path below names the problem.
+        if (type(self.ledger_id) is int and 0 <= self.ledger_id <= MAX_U64
+                and type(self.entry_id) is int and 0 <= self.entry_id <= MAX_ENTRY_ID
+                and type(self.deliver_at) is int and 0 <= self.deliver_at <= MAX_U64
+                and type(self.event_time) is int and 0 <= self.event_time <= MAX_U64
+                and type(self.partition) is int and -1 <= self.partition < (1 << 31)
+                and type(self.payload) is bytes and self.key is None and self.target is None
+                and not self.properties and type(self.properties) is dict):
+            return
         where = f"delayed message {self.ledger_id!r}:{self.entry_id!r}"
         for name, value, hi in (
             ("ledger_id", self.ledger_id, MAX_U64),

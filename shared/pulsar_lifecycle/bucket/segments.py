@@ -14,7 +14,7 @@ from typing import Dict, Iterable, List, Optional
 from pyroaring import BitMap
 
 from .bitmap import serialize_bitmap
-from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata, frame
+from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata
 from .records import ReleaseKey
 
 
@@ -61,8 +61,9 @@ class SegmentCutter:
         self.total = 0
 
     def push(self, item: Item) -> Optional[CutSegment]:
-        """Append one item; returns the segment this push closed, if any."""
-        ts, ledger, entry, blob = item
+        """Append one item (ts, ledger, entry, framed bytes); returns the segment this push
+        closed, if any."""
+        ts, ledger, entry, framed = item
         key = (ts, ledger, entry)
         if self._last is not None and key <= self._last:
             raise ValueError(f"items must arrive in increasing release-key order: {key} after {self._last}")
@@ -74,7 +75,7 @@ class SegmentCutter:
         if not self._frames:
             self._first = key
             self._upper = ts + self.time_step_ms - 1
-        self._frames.append(frame(blob))
+        self._frames.append(framed)
         entries = self._entries.get(ledger)
         if entries is None:
             self._entries[ledger] = [entry]
