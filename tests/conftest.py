@@ -16,10 +16,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):
     """One pulsar-lite per test session; tests use unique topic names."""
-    b = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("broker"))
+    b = EmbeddedBroker(data_dir=tmp_path_factory.mktemp("broker"), log_level=os.environ.get("TEST_BROKER_LOG_LEVEL", "warn"))
     b.start()
     yield b
-    b.stop(remove_data=True)
+    b.stop(remove_data=not os.environ.get("TEST_KEEP_BROKER_DATA"))
 
 
 @pytest.fixture

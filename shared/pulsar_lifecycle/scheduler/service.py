@@ -29,6 +29,7 @@ from .intake import Cancel, Invalid
 
 log = logging.getLogger(__name__)
 ERROR_PROP = "__pl_error__"
+RELEASED_AT_PROP = "__pl_released_at__"
 
 
 def now_ms() -> int:
@@ -210,6 +211,8 @@ class SchedulerService:
         entry, batch = positions.decode(m.entry_id)
         origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
         props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
+        # A batch's publish_timestamp is when the batch opened; this is when the item was released.
+        props[RELEASED_AT_PROP] = str(now_ms())
         seq = r.seq
 
         def done(res: PublishResult) -> None:
