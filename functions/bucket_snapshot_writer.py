@@ -51,7 +51,7 @@ class BucketSnapshotWriter:
             event_time=context.get_message_eventtime() or 0,
             position=(msg_id.ledger_id(), msg_id.entry_id(), msg_id.partition(), msg_id.batch_index()),
             now_ms=int(time.time() * 1000), max_delay_ms=service.config.max_delay_seconds * 1000,
-            allowed_target_prefix=service.config.allowed_target_prefix,
+            allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
         return None

@@ -37,6 +37,7 @@ DEFAULTS: Dict[str, Any] = {
     "s3SecretAccessKeySecret": None,
     "fileSystemBasePath": None,
     "bucketSnapshotHooks": None,
+    "bucketSnapshotDir": None,
     "trustedRegistryMaxSize": 100000,
 }
 

@@ -23,6 +23,11 @@ WRITER_KEYS: Dict[str, tuple] = {
     "commitIntervalMillis": ("commit_interval_millis", 100, "How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them)."),
     "producerName": ("producer_name", "", "Stable producer name of the release publisher; default `<tenant>/<namespace>/<name>-<instance>-release`."),
     "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delayed_message_index_* metrics are recorded."),
+    "snapshotDeletion": ("snapshot_deletion", "direct", "How exhausted/merged snapshots are removed: `direct` (delete from the store) or `two-phase` (a DELAYED_INDEX_BUCKET request to LedgerDeletionWorker, PIP-186)."),
+    "snapshotDeletionNamespace": ("snapshot_deletion_namespace", "pulsar/system", "Namespace of the deletion topics used with `two-phase` (the worker's deletionNamespace); targets under it are always allowed."),
+    "snapshotDeletionTopicName": ("snapshot_deletion_topic_name", "__ledger_deletion", "Deletion topic base name (the worker's deletionTopicName)."),
+    "snapshotDeletionParallelism": ("snapshot_deletion_parallelism", 4, "Partitions of the deletion topic (the worker's ledgerDeletionParallelism)."),
+    "snapshotDeletionSendDelaySeconds": ("snapshot_deletion_send_delay_seconds", 60, "Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself."),
 }
 
 
@@ -45,7 +50,20 @@ class WriterConfig:
     commit_interval_millis: int = 100
     producer_name: str = ""
     metrics_interval_seconds: int = 10
+    snapshot_deletion: str = "direct"
+    snapshot_deletion_namespace: str = "pulsar/system"
+    snapshot_deletion_topic_name: str = "__ledger_deletion"
+    snapshot_deletion_parallelism: int = 4
+    snapshot_deletion_send_delay_seconds: int = 60
     bucket: BucketConfig = field(default_factory=BucketConfig)
+
+    @property
+    def allowed_target_prefixes(self) -> tuple:
+        """Per-message targets accepted: the configured prefix, plus the deletion topics with two-phase."""
+        out = [self.allowed_target_prefix] if self.allowed_target_prefix else []
+        if self.snapshot_deletion == "two-phase":
+            out.append(f"persistent://{self.snapshot_deletion_namespace}/{self.snapshot_deletion_topic_name}")
+        return tuple(out)
 
     def __post_init__(self) -> None:
         if self.snapshot_storage not in ("directory", "bookkeeper"):
@@ -58,6 +76,10 @@ class WriterConfig:
                      "commit_interval_millis", "metrics_interval_seconds"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"userConfig {_key_of(name)} must be > 0, got {getattr(self, name)!r}")
+        if self.snapshot_deletion not in ("direct", "two-phase"):
+            raise ValueError(f"userConfig snapshotDeletion must be 'direct' or 'two-phase', got {self.snapshot_deletion!r}")
+        if self.snapshot_deletion_parallelism <= 0 or self.snapshot_deletion_send_delay_seconds < 0:
+            raise ValueError("userConfig snapshotDeletionParallelism must be > 0 and snapshotDeletionSendDelaySeconds >= 0")
         if self.ingest_batch_delay_millis < 0:
             raise ValueError("userConfig ingestBatchDelayMillis must be >= 0")
 

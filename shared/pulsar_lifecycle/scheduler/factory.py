@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, List
 
 from ..bucket import BucketIndex
 from ..bucket.storage_dir import DirectorySnapshotStorage
@@ -15,8 +15,8 @@ from .service import SchedulerService
 log = logging.getLogger(__name__)
 
 
-def open_snapshot_storage(cfg: WriterConfig, context: Any) -> Any:
-    """The configured BucketSnapshotStorage backend."""
+def open_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> Any:
+    """The configured BucketSnapshotStorage backend; handles to close later go to `resources`."""
     table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
     if cfg.snapshot_storage == "bookkeeper":
         from ..bucket.storage_bk import BookKeeperTableSnapshotStorage
@@ -24,7 +24,23 @@ def open_snapshot_storage(cfg: WriterConfig, context: Any) -> Any:
         return BookKeeperTableSnapshotStorage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
                                               context.get_function_namespace(), f"{context.get_function_name()}_buckets".replace("-", "_"))
     path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else Path(".pulsar-lifecycle") / "buckets" / table
+    resources.append(lock_exclusively(path))
     return DirectorySnapshotStorage(path)
+
+
+def lock_exclusively(path: Path) -> IO[str]:
+    """One writer instance per snapshot directory: two would allocate the same bucket ids."""
+    import fcntl
+
+    path.mkdir(parents=True, exist_ok=True)
+    fh = open(path / "writer.lock", "a")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise RuntimeError(f"snapshot directory {path} is in use by another BucketSnapshotWriter instance; "
+                           "give each instance its own snapshotDir (or run parallelism 1)") from None
+    return fh  # the flock lasts while this file stays open (and ends with the process)
 
 
 def build_service(context: Any) -> SchedulerService:
@@ -40,14 +56,33 @@ def build_service(context: Any) -> SchedulerService:
     default_target = context.get_output_topic()
     if not default_target:
         raise ValueError("BucketSnapshotWriter needs `output` (the business topic releases go to)")
-    storage = open_snapshot_storage(cfg, context)
-    engine = BucketIndex(storage, cfg.bucket)
+    resources: List[Any] = []
+    storage = open_snapshot_storage(cfg, context, resources)
+    engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling[0]))
     producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
     publisher = DedupPublisher(context.get_pulsar_client(), producer_name,
                                ContextStateStore(context, prefix=f"dedup/{context.get_instance_id()}/"))
     publisher.open(default_target)
     service = SchedulerService(engine, publisher, cfg, default_target,
                                cfg.invalid_message_topic or f"{scheduling[0]}-INVALID",
-                               context.get_pulsar_client(), context.record_metric)
+                               context.get_pulsar_client(), context.record_metric, resources=resources)
     service.start()
     return service
+
+
+def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) -> Any:
+    """None (engine deletes directly) or the two-phase deletion hand-off."""
+    if cfg.snapshot_deletion != "two-phase":
+        return None
+    from ..deletion.service import LedgerDeletionService
+    from ..deletion.topics import DeletionTopics
+    from ..timing import DelayedProducer
+    from .snapshot_deletion import TwoPhaseSnapshotDeleter
+
+    client = context.get_pulsar_client()
+    topics = DeletionTopics(namespace=cfg.snapshot_deletion_namespace, topic_name=cfg.snapshot_deletion_topic_name,
+                            parallelism=cfg.snapshot_deletion_parallelism)
+    delayed = DelayedProducer(client, backend="scheduler", scheduling_topic=scheduling_topic)
+    service = LedgerDeletionService(client, topics=topics, delayed=delayed,
+                                    send_delay_seconds=cfg.snapshot_deletion_send_delay_seconds)
+    return TwoPhaseSnapshotDeleter(service, scheduling_topic)

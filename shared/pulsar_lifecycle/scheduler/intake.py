@@ -42,7 +42,7 @@ def classify(
     position: Tuple[int, int, int, int],
     now_ms: int,
     max_delay_ms: int,
-    allowed_target_prefix: str,
+    allowed_target_prefixes: Tuple[str, ...],
 ) -> Intake:
     """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
     ledger, entry, partition, batch_index = position
@@ -68,8 +68,8 @@ def classify(
     if deliver_at - now_ms > max_delay_ms:
         return Invalid(f"{DELIVER_AT_PROP}={deliver_at} is {(deliver_at - now_ms) // 1000} s ahead, over maxDelaySeconds={max_delay_ms // 1000}")
     target = properties.get(TARGET_PROP) or None
-    if target is not None and (not allowed_target_prefix or not target.startswith(allowed_target_prefix)):
-        return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix={allowed_target_prefix!r}")
+    if target is not None and not any(target.startswith(p) for p in allowed_target_prefixes):
+        return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix (allowed: {list(allowed_target_prefixes)})")
     props = {k: v for k, v in properties.items() if k != TARGET_PROP}
     return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,
                           payload=bytes(payload), key=key or None, properties=props,

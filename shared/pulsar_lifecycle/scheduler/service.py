@@ -51,7 +51,8 @@ class SchedulerService:
     """Owns the engine, the release publisher and the two worker threads."""
 
     def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
-                 invalid_topic: str, client: Any, record_metric: Callable[[str, float], None]) -> None:
+                 invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
+                 resources: Optional[List[Any]] = None) -> None:
         self.engine = engine
         self.publisher = publisher
         self.config = config
@@ -59,6 +60,7 @@ class SchedulerService:
         self.invalid_topic = invalid_topic
         self.client = client
         self.record_metric = record_metric
+        self._resources = list(resources or [])  # closed on stop (e.g. the snapshot dir lock)
         self._intake: "queue.Queue[Pending]" = queue.Queue(maxsize=max(1000, 4 * config.ingest_batch_size))
         self._stop = threading.Event()
         self._wake = threading.Condition()
@@ -114,6 +116,8 @@ class SchedulerService:
         closer = getattr(self.engine, "close", None)
         if callable(closer):
             closer()
+        for res in self._resources:
+            res.close()
 
     # -- intake ----------------------------------------------------------------------------------
     def submit(self, pending: Pending) -> None:
