@@ -386,8 +386,11 @@ class BucketIndex:
         if bucket.seg is None:
             return None  # every item is at or before the watermark: exhausted
         seg = bucket.seg
+        loaded: Dict[int, List[int]] = {}
         for idx in seg.indexes[bucket.pos:]:
-            self._pending.add(idx.ledger_id, idx.entry_id)
+            loaded.setdefault(idx.ledger_id, []).append(idx.entry_id)
+        for ledger, entries in loaded.items():
+            self._pending.add_many(ledger, entries)
         bucket.remaining = len(seg.indexes) - bucket.pos
         for k in range(bucket.cur + 1, n):
             for ledger, bm in bitmaps[k].items():
@@ -403,31 +406,39 @@ class BucketIndex:
         w = self._committed_key
         used = 0
         replayed: Set[Tuple[int, int]] = set()
+        seen: Dict[int, List[int]] = {}
+        pending: Dict[int, List[int]] = {}
         for rid, raw in records:
             if rid <= self._journal_cut:
                 continue  # already covered by a snapshot (crash between manifest and truncate)
             used += 1
             counters["bytes"] += len(raw)
             rec = parse(JournalRecord, raw, f"journal record {rid}")
-            for blob in rec.add:
-                idx = parse(DelayedIndex, blob, f"journal record {rid} item")
-                ledger, entry = idx.ledger_id, idx.entry_id
-                # The manifest's seen-set may already hold journal items (any manifest write
-                # after the last seal includes them); within the journal the first record wins.
-                if (ledger, entry) in replayed:
-                    continue
-                replayed.add((ledger, entry))
-                self._seen.add(ledger, entry)
-                key = (idx.timestamp, ledger, entry)
-                if w is not None and key <= w:
-                    continue  # released and committed before the restart
-                self._mheap.append((key[0], ledger, entry, frame(bytes(blob))))
-                self._pending.add(ledger, entry)
-                self._mstart = ledger if self._mstart < 0 else min(self._mstart, ledger)
-                self._mend = max(self._mend, ledger)
+            if rec.add:
+                # The add field is wire-identical to SnapshotSegment.indexes: decode all at once.
+                indexes = parse_segment(raw, f"journal record {rid} items").indexes
+                for idx, blob in zip(indexes, rec.add):
+                    ledger, entry = idx.ledger_id, idx.entry_id
+                    # The manifest's seen-set may already hold journal items (any manifest write
+                    # after the last seal includes them); within the journal the first record wins.
+                    if (ledger, entry) in replayed:
+                        continue
+                    replayed.add((ledger, entry))
+                    seen.setdefault(ledger, []).append(entry)
+                    key = (idx.timestamp, ledger, entry)
+                    if w is not None and key <= w:
+                        continue  # released and committed before the restart
+                    self._mheap.append((key[0], ledger, entry, frame(blob)))
+                    pending.setdefault(ledger, []).append(entry)
             for op in rec.cancel:
                 self._tombstones.add(op.ledger_id, op.entry_id)
             self._journal_last = max(self._journal_last, rid)
+        for ledger, entries in seen.items():
+            self._seen.add_many(ledger, entries)
+        for ledger, entries in pending.items():
+            self._pending.add_many(ledger, entries)
+        if pending:
+            self._mstart, self._mend = min(pending), max(pending)
         heapq.heapify(self._mheap)
         if self._mheap:
             self._moldest_ms = self._clock()
