@@ -18,7 +18,7 @@ import pulsar
 
 from ..state import open_state_store
 from ..state.base import StateStore
-from .broker import EmbeddedBroker
+from .broker import BrokerError, EmbeddedBroker, port_open
 from .client import ClientSettings, make_client
 from .context import FunctionIdentity, LocalContext
 from .instance import FunctionInstance
@@ -27,6 +27,20 @@ from .metrics import FunctionMetrics
 log = logging.getLogger(__name__)
 
 TICK_PROP = "__pl_tick__"
+
+
+def check_reachable(service_url: str, timeout: float = 5.0) -> None:
+    """Fail fast, naming the URL, when no broker of `service_url` accepts TCP connections.
+
+    The client would otherwise retry for its whole operation timeout per consumer.
+    """
+    rest = service_url.split("://", 1)[-1].rstrip("/")
+    hosts = [h for h in rest.split(",") if h]
+    for host in hosts:
+        name, _, port = host.rpartition(":")
+        if name and port.isdigit() and port_open(name.strip("[]"), int(port), timeout=timeout):
+            return
+    raise BrokerError(f"no broker reachable at {service_url} (nothing accepts connections on {', '.join(hosts)})")
 
 
 @dataclass
@@ -70,7 +84,9 @@ class LocalRunner:
     def start(self) -> "LocalRunner":
         """Start the broker if needed, the state store, metrics and every instance."""
         data_dir = Path(self.options.data_dir)
-        if not self.options.broker_service_url:
+        if self.options.broker_service_url:
+            check_reachable(self.options.broker_service_url)
+        else:
             self.broker = EmbeddedBroker(data_dir=data_dir / "broker", port=self.options.embedded_broker_port,
                                          die_with_parent=True)
             self.broker.start()
