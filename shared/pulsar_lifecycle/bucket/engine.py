@@ -34,6 +34,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
+from pyroaring import BitMap
+
 from .bitmap import LedgerBitmaps, deserialize_bitmap
 from .codec import (
     BucketRef,
@@ -392,10 +394,13 @@ class BucketIndex:
         for ledger, entries in loaded.items():
             self._pending.add_many(ledger, entries)
         bucket.remaining = len(seg.indexes) - bucket.pos
+        later: Dict[int, list] = {}
         for k in range(bucket.cur + 1, n):
             for ledger, bm in bitmaps[k].items():
-                self._pending.update_ledger(ledger, bm)
+                later.setdefault(ledger, []).append(bm)
             bucket.remaining += counts[k]
+        for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
+            self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
         if bucket.cur == n - 1:
             bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
         head = seg.indexes[bucket.pos]
