@@ -6,27 +6,13 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
+from pulsar_lifecycle.runtime.client import receive_messages
+
 
 def drain(client: pulsar.Client, topic: str, sub: str, expect: int, timeout: float = 30.0,
           stop: Optional[Callable[[List[pulsar.Message]], bool]] = None) -> List[pulsar.Message]:
     """Receive from `topic` (Shared, Earliest) until `expect` messages or `timeout` seconds."""
-    consumer = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest)
-    got: List[pulsar.Message] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(got) < expect and time.monotonic() < deadline:
-            if stop and stop(got):
-                break
-            try:
-                msg = consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            got.append(msg)
-            consumer.acknowledge(msg)
-    finally:
-        consumer.close()
-    return got
+    return receive_messages(client, topic, sub, expect, timeout, stop)
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:

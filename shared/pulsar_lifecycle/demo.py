@@ -20,7 +20,7 @@ from rich.table import Table
 
 from .config.function_config import load_function_config, spec_from_config
 from .runtime.broker import EmbeddedBroker
-from .runtime.client import quiet_client
+from .runtime.client import quiet_client, receive_messages
 from .runtime.localrun import LocalRunner, LocalRunOptions
 
 log = logging.getLogger(__name__)
@@ -55,21 +55,7 @@ def start_function(config: Path, broker: EmbeddedBroker, data_dir: Path, **overr
 
 def receive_n(client: pulsar.Client, topic: str, n: int, timeout: float) -> List[pulsar.Message]:
     """Up to `n` messages from `topic` within `timeout` seconds (Shared, Earliest)."""
-    consumer = client.subscribe(topic, "demo-reader", consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest)
-    out: List[pulsar.Message] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < n and time.monotonic() < deadline:
-            try:
-                m = consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            out.append(m)
-            consumer.acknowledge(m)
-    finally:
-        consumer.close()
-    return out
+    return receive_messages(client, topic, "demo-reader", n, timeout)
 
 
 def scene_example(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:

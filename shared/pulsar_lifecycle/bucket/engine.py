@@ -32,7 +32,7 @@ import time
 from array import array
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pyroaring import BitMap
 
@@ -663,11 +663,7 @@ class BucketIndex:
         except Exception as exc:
             self._metrics.record(op, False, (time.monotonic() - t0) * 1000)
             logger.warning("creating bucket snapshot %s failed: %s", key, exc)
-            if writer is not None:
-                writer.abort()
-                with self._lock:
-                    self._writing.discard(writer.bucket_id)
-                self._pending_delete.setdefault(writer.bucket_id, key)
+            self._abort_writer(writer, key)
             return None
         self._metrics.record(op, True, (time.monotonic() - t0) * 1000)
         return bid
@@ -790,6 +786,15 @@ class BucketIndex:
                 continue
             self._pending_delete.pop(bid, None)
 
+    def _abort_writer(self, writer: Any, key: str) -> None:
+        """Drop a half-written snapshot; its id is queued for deletion in case bytes reached storage."""
+        if writer is None:
+            return
+        writer.abort()
+        with self._lock:
+            self._writing.discard(writer.bucket_id)
+        self._pending_delete.setdefault(writer.bucket_id, key)
+
     # ------------------------------------------------------------------------ merging -------
     def _merge_once(self) -> bool:
         limit = self.config.delayed_delivery_max_num_buckets
@@ -888,11 +893,7 @@ class BucketIndex:
             bid = writer.finish(snapshot_metadata(closed).SerializeToString())
         except Exception as exc:
             logger.warning("merging buckets %s failed: %s", [s.bucket_id for s in sources], exc)
-            if writer is not None:
-                writer.abort()
-                with self._lock:
-                    self._writing.discard(writer.bucket_id)
-                self._pending_delete.setdefault(writer.bucket_id, key)
+            self._abort_writer(writer, key)
             return None
         bucket = self._new_bucket(bid, key, start, end, closed)
         return bucket, closed, cached

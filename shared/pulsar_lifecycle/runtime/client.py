@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+import time
+from typing import Callable, List, Optional
 
 import pulsar
 
@@ -52,3 +53,25 @@ def make_client(settings: ClientSettings) -> pulsar.Client:
 def quiet_client(service_url: str) -> pulsar.Client:
     """A plain client for tools and tests, logging at WARNING."""
     return pulsar.Client(service_url, operation_timeout_seconds=30, logger=_pulsar_logger())
+
+
+def receive_messages(client: pulsar.Client, topic: str, subscription: str, expect: int, timeout: float,
+                     stop: Optional[Callable[[List[pulsar.Message]], bool]] = None) -> List[pulsar.Message]:
+    """Up to `expect` messages from `topic` (Shared, Earliest, acked) within `timeout` seconds."""
+    consumer = client.subscribe(topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    got: List[pulsar.Message] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(got) < expect and time.monotonic() < deadline:
+            if stop and stop(got):
+                break
+            try:
+                msg = consumer.receive(timeout_millis=200)
+            except pulsar.Timeout:
+                continue
+            got.append(msg)
+            consumer.acknowledge(msg)
+    finally:
+        consumer.close()
+    return got
