@@ -93,3 +93,34 @@ def test_cancel_and_invalid_messages(broker, tmp_path, unique):
     assert set(reasons) == {b"no-time", b"negative", b"far", b"bad-target"}
     assert "__pl_deliver_at__" in reasons[b"no-time"] and "maxDelaySeconds" in reasons[b"far"]
     assert "allowedTargetPrefix" in reasons[b"bad-target"]
+
+
+def test_metrics_with_pulsar_names_on_the_local_endpoint(broker, tmp_path, unique):
+    import urllib.request
+
+    spec, sched = writer_spec(unique, tmp_path, metricsIntervalSeconds=1, maxUnackedPerBucket=5)
+    opts = LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path, metrics_port=0)
+    runner = LocalRunner(spec, opts).start()
+    client = quiet_client(broker.service_url)
+    dp = DelayedProducer(client, scheduling_topic=sched)
+    try:
+        for i in range(12):
+            dp.send(spec.output, f"m{i}".encode(), now_ms() + 60_000)
+        deadline = time.monotonic() + 20
+        text = ""
+        while time.monotonic() < deadline and not ('state="succeed",type="create"' in text
+                                                   and "pulsar_delayed_message_index_loaded{" in text
+                                                   and " 12.0" in text.split("pulsar_delayed_message_index_loaded{", 1)[1].split("\n", 1)[0]):
+            time.sleep(0.3)
+            text = urllib.request.urlopen(f"http://127.0.0.1:{runner.metrics_port}/metrics", timeout=5).read().decode()
+    finally:
+        dp.close()
+        client.close()
+        runner.stop()
+    lines = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines() if line and not line.startswith("#")}
+    fq = f'fqfn="{spec.fqfn}"'
+    assert lines[f"pulsar_delayed_message_index_bucket_total{{{fq}}}"] >= 2  # sealed buckets + the mutable one
+    assert lines[f"pulsar_delayed_message_index_loaded{{{fq}}}"] == 12
+    assert lines[f"pulsar_delayed_message_index_bucket_snapshot_size_bytes{{{fq}}}"] > 0
+    assert lines[f'pulsar_delayed_message_index_bucket_op_count{{{fq},state="succeed",type="create"}}'] >= 2
+    assert any(k.startswith("pulsar_function_user_metric__count") for k in lines)
