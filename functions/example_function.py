@@ -8,9 +8,11 @@ from typing import Any
 
 
 class ExampleFunction:
-    """Returns `<input>!` (or `<prefix><input>!` with userConfig `prefix`) and counts messages."""
+    """Returns `<input>!` (or `<prefix><input>!` with userConfig `prefix`) and counts messages
+    in state key `processed` unless userConfig `countProcessed` is false."""
 
     def process(self, input: Any, context: Any) -> str:  # noqa: A002 - Pulsar's parameter name
         prefix = context.get_user_config_value("prefix") or ""
-        context.incr_counter("processed", 1)
+        if context.get_user_config_value("countProcessed") is not False:
+            context.incr_counter("processed", 1)
         return f"{prefix}{input}!"
