@@ -24,6 +24,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -32,6 +33,7 @@ import pulsar
 import yaml
 
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+from pulsar_lifecycle.runtime.broker import free_port  # noqa: F401 - re-exported for the benchmarks
 from pulsar_lifecycle.runtime.client import ClientSettings, make_client, quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 
@@ -111,11 +113,12 @@ def write_identity_config(workdir: Path, topics: Topics) -> Path:
     return path
 
 
-def start_localrun(config: Path, service_url: str, workdir: Path) -> subprocess.Popen:
+def start_localrun(config: Path, service_url: str, workdir: Path, metrics_port: Optional[int] = None) -> subprocess.Popen:
     """`pulsar_lifecycle.cli localrun` of `config` in its own process (stderr to workdir/localrun.log).
 
     This directory is put on PYTHONPATH so `_writer_common.Identity` can be loaded.
     """
+    extra = ["--metrics-port-start", str(metrics_port)] if metrics_port is not None else []
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent)] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
@@ -123,7 +126,7 @@ def start_localrun(config: Path, service_url: str, workdir: Path) -> subprocess.
         return subprocess.Popen(
             [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
              "--function-config-file", str(config), "--broker-service-url", service_url,
-             "--data-dir", str(workdir / "data")],
+             "--data-dir", str(workdir / "data"), *extra],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=workdir, env=env,
         )
 
@@ -170,6 +173,17 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, IndexError, ValueError):
         return float("nan")
+
+
+def received_count(metrics_port: int) -> int:
+    """pulsar_function_received_total of a localrun (every input, ticks included); -1 if unreadable."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
+            text = resp.read().decode("utf-8", "replace")
+    except OSError:
+        return -1
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("pulsar_function_received_total{")))
 
 
 def log_tail(path: Path, chars: int = 2000) -> str:
@@ -362,6 +376,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     else:
         run_paced(args.service_url, args.topic, args.rate, args.seconds, args.start_ms, args.lead_ms,
                   args.payload_bytes)
+    # Everything is flushed and closed; skip interpreter teardown, where pulsar-client 3.x
+    # sometimes aborts ("terminate called without an active exception").
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

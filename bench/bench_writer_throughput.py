@@ -18,7 +18,7 @@ Steps:
 
 The ratio line is writer/pipe (the target: >= 0.70); writer/identity is printed too.
 
-    python bench/bench_writer_throughput.py [--messages 100000] [--payload-bytes 100] [--runs 3]
+    python bench/bench_writer_throughput.py [--messages 100000] [--payload-bytes 100] [--runs 2]
 """
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--messages", type=int, default=100_000)
     ap.add_argument("--payload-bytes", type=int, default=100)
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=240.0, help="Longest wait for one run's releases (s).")
     args = ap.parse_args()
     if args.messages < 2 or args.runs < 1 or args.payload_bytes < 10:
