@@ -32,3 +32,24 @@ def count_by(messages: List[pulsar.Message], fn: Callable[[pulsar.Message], str]
         k = fn(m)
         out[k] = out.get(k, 0) + 1
     return out
+
+
+def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List[Dict[str, str]]] = None,
+                rounds: int = 5) -> None:
+    """Send every payload, re-sending those whose send failed.
+
+    pulsar-lite occasionally fails a batch while a topic is being created; a test's own inputs
+    must all exist before it can count what the function did with them.
+    """
+    todo = list(range(len(payloads)))
+    for _ in range(rounds):
+        failed: List[int] = []
+        for i in todo:
+            props = properties[i] if properties else None
+            prod.send_async(payloads[i], lambda res, _mid, i=i: res == pulsar.Result.Ok or failed.append(i),
+                            properties=props)
+        prod.flush()
+        if not failed:
+            return
+        todo = failed
+    raise AssertionError(f"{len(todo)} inputs could not be published")

@@ -9,6 +9,7 @@ from typing import Any, Dict, List
 
 import pytest
 
+from pulsar_lifecycle.bucket.engine import HORIZON_SLACK_MS
 from pulsar_lifecycle.bucket import (
     BucketConfig,
     BucketIndex,
@@ -376,8 +377,15 @@ def test_restart_rereleases_uncommitted_with_identical_seqs_and_orders_new_items
     rereleased = ix2.pop_due(1_010, 100)  # the new item is not among them: not due yet
     assert [(r.seq, r.key) for r in rereleased] == [(r.seq, r.key) for r in first[5:]]
     later = ix2.pop_due(1_011, 100)
-    assert [(r.seq, r.key) for r in later] == [(12, (1_011, 1, 11)), (13, (1_011, 2, 0))]
-    assert later[1].message.deliver_at == 1_002  # ordered after everything possibly published
+    assert [(r.seq, r.key) for r in later] == [(12, (1_011, 1, 11))]
+    # The persisted horizon runs HORIZON_SLACK_MS ahead of what was handed out, and new items
+    # after a crash are ordered after it: after everything possibly published.
+    new_ts = 1_010 + HORIZON_SLACK_MS + 1
+    rest = ix2.pop_due(new_ts - 1, 100)
+    assert [(r.seq, r.key) for r in rest] == [(13 + i, (1_012 + i, 1, 12 + i)) for i in range(13)]
+    newest = ix2.pop_due(new_ts, 100)
+    assert [(r.seq, r.key) for r in newest] == [(26, (new_ts, 2, 0))]
+    assert newest[0].message.deliver_at == 1_002
 
 
 # -- cancellation --------------------------------------------------------------------------------

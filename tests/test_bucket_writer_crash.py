@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
-from helpers import wait_for
+from helpers import publish_all, wait_for
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
@@ -88,10 +88,8 @@ def test_50k_delayed_messages_with_5_sigkills_released_exactly_once(tmp_path, un
 
     try:
         for i in range(n):
-            at = base + rng.randint(0, max_delay_ms)
-            expected[f"d{i}".encode()] = at
-            producer.send_async(f"d{i}".encode(), None, properties={DELIVER_AT_PROP: str(at)})
-        producer.flush()
+            expected[f"d{i}".encode()] = base + rng.randint(0, max_delay_ms)
+        publish_all(producer, list(expected), [{DELIVER_AT_PROP: str(at)} for at in expected.values()])
         kill_times = sorted(rng.uniform(2, 100) for _ in range(kills))
         t0 = time.monotonic()
         for kt in kill_times:

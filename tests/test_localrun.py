@@ -8,7 +8,7 @@ from pathlib import Path
 import pulsar
 import pytest
 
-from helpers import drain, wait_for
+from helpers import drain, publish_all, wait_for
 from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
@@ -124,9 +124,7 @@ def test_parallel_instances_share_the_subscription(broker, tmp_path, unique):
     client = quiet_client(broker.service_url)
     try:
         prod = client.create_producer(f"persistent://public/default/in-{unique}")
-        for i in range(200):
-            prod.send_async(f"p{i}".encode(), None)
-        prod.flush()
+        publish_all(prod, [f"p{i}".encode() for i in range(200)])
         out = drain(client, f"persistent://public/default/out-{unique}", "check", expect=200)
         per_instance = [runner.metrics.processed.labels(runner.spec.fqfn, str(i))._value.get() for i in (0, 1)]
     finally:

@@ -78,6 +78,9 @@ _PLACEHOLDER = -1  # ledger id of a heap head whose segment is not loaded (sorts
 ObsoleteCallback = Callable[[int, str], None]
 
 
+HORIZON_SLACK_MS = 1000
+
+
 class EngineFailedError(RuntimeError):
     """A durable write had an unknown outcome; this engine object must be dropped and a new
     one recovered from the storage (the storage holds the truth)."""
@@ -926,7 +929,9 @@ class BucketIndex:
             if need:
                 # Persist an upper bound of every release timestamp before handing items out, so
                 # that after a crash new items are ordered after anything possibly published.
-                self._write_cursor(horizon=limit)
+                # Slack: one fsync per HORIZON_SLACK_MS instead of one per round; after a crash,
+                # new items start at most that much later.
+                self._write_cursor(horizon=limit + HORIZON_SLACK_MS)
             with self._lock:
                 cap = min(self._limit(now_ms), self._persisted_horizon)
                 return self._pop_locked(cap, max_items)

@@ -47,14 +47,20 @@ def find_binary() -> Path:
     return binary
 
 
-def _die_with_parent() -> None:
-    # Linux PR_SET_PDEATHSIG: a SIGKILLed local runner must not leave its broker holding the db lock.
-    try:
-        import ctypes
+# When the owning process dies (even by SIGKILL) its broker must not keep holding the db lock.
+# The broker is stopped a grace period *after* the owner is gone: pulsar-lite persists a
+# consumer's dispatched-but-unacked messages correctly only when it has seen the client's
+# connection close before it dies (killed together, it loses them; tested in docs/operations.md).
+_WATCHDOG = (
+    "while kill -0 {owner} 2>/dev/null; do sleep 0.2; done; sleep {grace}; kill -9 {broker} 2>/dev/null"
+)
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
+
+def _start_watchdog(owner_pid: int, broker_pid: int, grace_s: float) -> subprocess.Popen:
+    return subprocess.Popen(
+        ["sh", "-c", _WATCHDOG.format(owner=owner_pid, broker=broker_pid, grace=grace_s)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -88,6 +94,8 @@ class EmbeddedBroker:
     metrics_port: Optional[int] = None
     start_timeout: float = 15.0
     die_with_parent: bool = False
+    orphan_grace_seconds: float = 1.0
+    _watchdog: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _tmp: Optional[str] = field(default=None, init=False, repr=False)
     _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
@@ -124,8 +132,24 @@ class EmbeddedBroker:
         )
         return cfg
 
-    def start(self) -> "EmbeddedBroker":
-        """Start the broker and wait until its port accepts connections."""
+    def start(self, wait_for_previous: float = 0.0) -> "EmbeddedBroker":
+        """Start the broker and wait until its port accepts connections.
+
+        `wait_for_previous` > 0: if the port is taken or the data directory locked (a previous
+        owner's broker in its orphan grace period), keep trying that many seconds.
+        """
+        deadline = time.monotonic() + wait_for_previous
+        while True:
+            try:
+                return self._start_once()
+            except BrokerError as exc:
+                busy = "already in use" in str(exc) or "locked by another broker" in str(exc)
+                if not busy or time.monotonic() >= deadline:
+                    raise
+                log.info("event=broker_waiting_for_previous data_dir=%s reason=%s", self.data_dir, exc)
+                time.sleep(0.25)
+
+    def _start_once(self) -> "EmbeddedBroker":
         if self._proc is not None:
             raise BrokerError("embedded broker already started")
         binary = find_binary()
@@ -148,8 +172,9 @@ class EmbeddedBroker:
         self._proc = subprocess.Popen(
             cmd, cwd=self.data_dir, stdout=self._log_file, stderr=self._log_file,
             stdin=subprocess.DEVNULL, start_new_session=True,
-            preexec_fn=_die_with_parent if self.die_with_parent else None,
         )
+        if self.die_with_parent:
+            self._watchdog = _start_watchdog(os.getpid(), self._proc.pid, self.orphan_grace_seconds)
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             rc = self._proc.poll()
@@ -176,6 +201,13 @@ class EmbeddedBroker:
 
     def _cleanup_proc(self) -> None:
         self._proc = None
+        if self._watchdog is not None:
+            try:
+                os.killpg(self._watchdog.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._watchdog.wait(timeout=5)
+            self._watchdog = None
         if self._log_file:
             self._log_file.close()
             self._log_file = None

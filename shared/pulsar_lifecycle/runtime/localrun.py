@@ -89,7 +89,8 @@ class LocalRunner:
         else:
             self.broker = EmbeddedBroker(data_dir=data_dir / "broker", port=self.options.embedded_broker_port,
                                          die_with_parent=True)
-            self.broker.start()
+            # After a crash the previous run's broker lives on for its grace period.
+            self.broker.start(wait_for_previous=self.broker.orphan_grace_seconds + 10)
         spec = self.spec
         self._state = open_state_store(self.options.state_storage_service_url, data_dir / "state",
                                        spec.tenant, spec.namespace, spec.name)

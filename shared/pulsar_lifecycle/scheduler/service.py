@@ -197,7 +197,9 @@ class SchedulerService:
             nxt = self.engine.next_release_time()
             wait = self.config.tick_time_millis / 1000.0
             if nxt is not None:
-                wait = min(wait, max(0.0, (nxt - now_ms()) / 1000.0))
+                # A due head that pop_due did not return is held back by an intake batch being
+                # made durable: wait a moment instead of spinning.
+                wait = min(wait, max(0.001, (nxt - now_ms()) / 1000.0))
             wait = min(wait, self.config.commit_interval_millis / 1000.0) if self._outstanding else wait
             if wait > 0:
                 with self._wake:
