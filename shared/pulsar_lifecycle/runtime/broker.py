@@ -48,9 +48,9 @@ def find_binary() -> Path:
 
 
 # When the owning process dies (even by SIGKILL) its broker must not keep holding the db lock.
-# The broker is stopped a grace period *after* the owner is gone: pulsar-lite persists a
-# consumer's dispatched-but-unacked messages correctly only when it has seen the client's
-# connection close before it dies (killed together, it loses them; tested in docs/operations.md).
+# The broker is stopped a grace period *after* the owner is gone, so it handles the dead client's
+# connection close (and redelivers what that client had not acked) before it goes down itself;
+# the next run waits for the previous broker's grace period (EmbeddedBroker.start).
 _WATCHDOG = (
     "while kill -0 {owner} 2>/dev/null; do sleep 0.2; done; sleep {grace}; kill -9 {broker} 2>/dev/null"
 )
