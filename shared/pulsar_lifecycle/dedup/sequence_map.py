@@ -299,14 +299,7 @@ class SequenceMap:
         `position` is None when the broker answered "duplicate" (-1:-1): the entry is already
         on the topic at an earlier position, so the last known position stays valid.
         """
-        _check_producer(producer)
-        check_sequence_id(seq)
-        self._admit(producer)
-        if seq > self._persisted.get(producer, NO_SEQUENCE):
-            self._persisted[producer] = seq
-        if seq > self._pushed.get(producer, NO_SEQUENCE):
-            self._pushed[producer] = seq
-        self._advance(position)
+        self._apply_persisted(producer, seq, position)
         self._entries += 1
         self._since_snapshot += 1
         if self._since_snapshot >= self.snapshot_interval:
@@ -346,6 +339,10 @@ class SequenceMap:
 
     def replay(self, producer: str, seq: int, position: Optional[Position] = None) -> None:
         """Apply one entry read back from the topic after the snapshot position."""
+        self._apply_persisted(producer, seq, position)
+
+    def _apply_persisted(self, producer: str, seq: int, position: Optional[Position]) -> None:
+        """An entry of `producer` with `seq` is on the topic (at `position`): raise both marks."""
         _check_producer(producer)
         check_sequence_id(seq)
         self._admit(producer)
