@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh local
-exec .venv/bin/pulsar-lifecycle demo "$@"
+exec .venv/bin/pulsar-lifecycle --log-level WARNING demo "$@"

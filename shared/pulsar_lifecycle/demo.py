@@ -99,6 +99,10 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
     client = quiet_client(broker.service_url)
     producer = DelayedProducer(client, scheduling_topic=sched)
     store = DirectorySnapshotStorage(snap_dir)
+    # The writer builds its service (recovery, publisher) on its first tick; start after that.
+    ready = time.monotonic() + 15
+    while time.monotonic() < ready and getattr(writer._instances[0]._function, "service", None) is None:
+        time.sleep(0.05)
     delays = [3500, 500, 2500, 0, 1500, 3000, 1000, 2000]
     try:
         start = now_ms()
