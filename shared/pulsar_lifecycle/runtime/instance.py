@@ -233,12 +233,11 @@ class FunctionInstance:
                 closer()
             except Exception as exc:
                 log.warning("event=function_close_failed fqfn=%s error=%r", self.context.identity.fqfn, exc)
-        for p in [self._producer]:
-            if p is not None:
-                try:
-                    p.flush()
-                except Exception:
-                    pass
+        if self._producer is not None:
+            try:
+                self._producer.flush()
+            except Exception:  # a closed client cannot flush; unacked inputs are redelivered
+                pass
         self.context.flush_publishers()
         for c in self._consumers.values():
             try:
