@@ -75,16 +75,22 @@ def topics_for(tag: str) -> Topics:
                   f"persistent://public/default/bout-{unique}")
 
 
-def write_writer_config(workdir: Path, topics: Topics, **user: object) -> Path:
-    """The shipped writer config with this run's topics, name and snapshot dir."""
+def write_writer_config(workdir: Path, topics: Topics, intake: str = "direct", **user: object) -> Path:
+    """The shipped writer config with this run's topics, name and snapshot dir.
+
+    intake "direct" is the shipped config (schedulingTopic; the tick topic the only input);
+    "runtime" makes the scheduling topic a function input instead.
+    """
     cfg = yaml.safe_load(WRITER_CONFIG.read_text())
     name = "bench-writer-" + topics.out.rsplit("-", 2)[-2] + "-" + topics.out.rsplit("-", 1)[-1]
-    cfg["inputSpecs"] = {
-        topics.sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1000},
-        topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
-    }
+    cfg["inputSpecs"] = {topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     cfg.update(output=topics.out, name=name, subName=name)
-    cfg["userConfig"].update(tickTopic=topics.ticks, snapshotDir=str(workdir / "snapshots"), **user)
+    cfg["userConfig"].update(tickTopic=topics.ticks, snapshotDir=str(workdir / "snapshots"),
+                             schedulingTopic=topics.sched, **user)
+    if intake == "runtime":
+        del cfg["userConfig"]["schedulingTopic"]
+        cfg["inputSpecs"][topics.sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe",
+                                           "receiverQueueSize": 1000}
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -176,14 +182,15 @@ def cpu_seconds(pid: int) -> float:
 
 
 def received_count(metrics_port: int) -> int:
-    """pulsar_function_received_total of a localrun (every input, ticks included); -1 if unreadable."""
+    """Scheduling messages the writer has made durable and acked (its
+    pulsar_lifecycle_scheduler_received_total, recorded every metricsIntervalSeconds); -1 if unreadable."""
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=2) as resp:
             text = resp.read().decode("utf-8", "replace")
     except OSError:
         return -1
     return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("pulsar_function_received_total{")))
+                   if line.startswith("pulsar_lifecycle_scheduler_received_total{")))
 
 
 def log_tail(path: Path, chars: int = 2000) -> str:

@@ -4,6 +4,10 @@ Reads the scheduling topic (messages carry `__pl_deliver_at__`; see pulsar_lifec
 .DelayedProducer), makes each durable in the bucket index before acking it, and releases it to
 the output topic at its time, exactly once (dedup publisher). Run with processingGuarantees
 MANUAL: this function acks a source message only once its index entry is durable.
+
+With userConfig `schedulingTopic` the service consumes the scheduling topic itself, in batches
+(direct intake), and process() only sees ticks; otherwise the scheduling topic is a function
+input and process() queues each message for the service.
 """
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import time
 from datetime import timedelta
 from typing import Any, Optional
 
+from pulsar_lifecycle.dedup.publisher import normalize_topic
 from pulsar_lifecycle.runtime.localrun import TICK_PROP
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
@@ -39,7 +44,7 @@ class BucketSnapshotWriter:
         topic = context.get_current_message_topic_name()
         msg_id = context.get_message_id()
         props = context.get_message_properties() or {}
-        if service.config.tick_topic and topic == service.config.tick_topic:
+        if service.config.tick_topic and normalize_topic(topic) == normalize_topic(service.config.tick_topic):
             context.ack(msg_id, topic)
             if service.config.tick_mode == "chain" and TICK_PROP in props:
                 context.publish(topic, b"tick", properties={TICK_PROP: str(int(time.time() * 1000))},

@@ -284,13 +284,14 @@ def test_protocol_names_and_parsers():
     assert (DELIVER_AT_PROP, TARGET_PROP, CANCEL_PROP, ORIGIN_MSG_ID_PROP) == (
         "__pl_deliver_at__", "__pl_target__", "__pl_cancel__", "__pl_origin_msg_id__")
     assert parse_deliver_at("1700000000000") == 1_700_000_000_000
-    assert parse_cancel_target("12:34") == (12, 34)
+    assert parse_cancel_target("12:34") == (12, 34, -1)
+    assert parse_cancel_target("12:34:5") == (12, 34, 5)
     assert format_origin_msg_id(12, 34, -1) == "12:34:-1"
     assert parse_origin_msg_id("12:34:3") == (12, 34, 3)
     for bad in ("", "-5", " 5", "1e3", "5_0", str(2**64)):
         with pytest.raises(ProtocolError, match="__pl_deliver_at__"):
             parse_deliver_at(bad)
-    for bad in ("12", "12:34:5", "a:b", ":3"):
+    for bad in ("12", "12:34:5:6", "a:b", ":3", "12:-1", "12:34:x"):
         with pytest.raises(ProtocolError, match="__pl_cancel__"):
             parse_cancel_target(bad)
     with pytest.raises(ProtocolError, match="partition"):

@@ -19,16 +19,27 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def writer_spec(unique: str, tmp_path: Path, **user):
+INTAKES = ("direct", "runtime")
+
+
+def writer_spec(unique: str, tmp_path: Path, intake: str = "direct", **user):
+    """The shipped writer config with this test's topics.
+
+    intake "direct" (the shipped config): userConfig schedulingTopic, the tick topic the only
+    input; "runtime": the scheduling topic is a function input, one message per process() call.
+    """
     cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
     sched = f"persistent://public/default/sched-{unique}"
     ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
-                         ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     cfg["output"] = f"persistent://public/default/released-{unique}"
     cfg["name"] = f"writer-{unique}"
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
-                             tickTimeMillis=200, **user)
+    user_config = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
+                       tickTimeMillis=200, schedulingTopic=sched, **user)
+    if intake == "runtime":
+        del user_config["schedulingTopic"]
+        cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
+    cfg["userConfig"] = user_config
     return spec_from_config(cfg), sched
 
 
@@ -36,8 +47,9 @@ def start_writer(broker, tmp_path, spec) -> LocalRunner:
     return LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path)).start()
 
 
-def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, unique):
-    spec, sched = writer_spec(unique, tmp_path)
+@pytest.mark.parametrize("intake", INTAKES)
+def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, unique, intake):
+    spec, sched = writer_spec(unique, tmp_path, intake)
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
     dp = DelayedProducer(client, scheduling_topic=sched)
@@ -67,8 +79,9 @@ def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, un
     assert arrival >= max(at for at, _ in sent.values())
 
 
-def test_cancel_and_invalid_messages(broker, tmp_path, unique):
-    spec, sched = writer_spec(unique, tmp_path)
+@pytest.mark.parametrize("intake", INTAKES)
+def test_cancel_and_invalid_messages(broker, tmp_path, unique, intake):
+    spec, sched = writer_spec(unique, tmp_path, intake)
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
     dp = DelayedProducer(client, scheduling_topic=sched)

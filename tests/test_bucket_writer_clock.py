@@ -14,14 +14,23 @@ from helpers import drain
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
-from test_bucket_writer import start_writer, writer_spec
+from test_bucket_writer import INTAKES, start_writer, writer_spec
 
 pytestmark = pytest.mark.integration
+
+
+def send_plain_tick(client, spec) -> None:
+    """One tick without __pl_tick__, so tickMode chain does not schedule a next one."""
+    ticks = client.create_producer(spec.user_config["tickTopic"])
+    ticks.send(b"tick")
+    ticks.close()
 
 
 def _schedule_then_stop(broker, tmp_path, spec, sched, n: int, lead_ms: int) -> list:
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
+    if spec.user_config.get("schedulingTopic") and spec.user_config.get("tickMode") == "chain":
+        send_plain_tick(client, spec)  # no runner ticks: start the function (without a chain)
     dp = DelayedProducer(client, scheduling_topic=sched)
     base = now_ms() + lead_ms
     ats = [base + 100 * i for i in range(n)]
@@ -29,7 +38,7 @@ def _schedule_then_stop(broker, tmp_path, spec, sched, n: int, lead_ms: int) -> 
         for i, at in enumerate(ats):
             dp.send(spec.output, f"t{i}".encode(), at)
         # Wait until the function made them durable (acked), then stop before any is due.
-        fn = runner._instances[0]._function
+        fn = runner.functions()[0]
 
         def pending() -> int:
             return fn.service.engine.pending_count() if fn.service is not None else 0
@@ -46,8 +55,9 @@ def _schedule_then_stop(broker, tmp_path, spec, sched, n: int, lead_ms: int) -> 
     return ats
 
 
-def test_restart_with_idle_input_releases_on_time(broker, tmp_path, unique):
-    spec, sched = writer_spec(unique, tmp_path)
+@pytest.mark.parametrize("intake", INTAKES)
+def test_restart_with_idle_input_releases_on_time(broker, tmp_path, unique, intake):
+    spec, sched = writer_spec(unique, tmp_path, intake)
     n = 10
     ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=3000)
     runner = start_writer(broker, tmp_path, spec)  # nothing new on the scheduling topic
@@ -65,8 +75,9 @@ def test_restart_with_idle_input_releases_on_time(broker, tmp_path, unique):
     assert lateness[-1] < 2000, f"not on time after an idle restart: lateness ms {lateness}"
 
 
-def test_control_without_ticks_nothing_leaves_until_input_arrives(broker, tmp_path, unique):
-    spec, sched = writer_spec(unique, tmp_path, tickMode="chain")  # the runner produces no ticks
+def test_control_without_ticks_nothing_leaves_until_a_message_arrives(broker, tmp_path, unique):
+    """Runtime intake: a scheduling message also starts the function."""
+    spec, sched = writer_spec(unique, tmp_path, "runtime", tickMode="chain")  # the runner produces no ticks
     n = 5
     ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=2000)
     runner = start_writer(broker, tmp_path, spec)
@@ -75,6 +86,27 @@ def test_control_without_ticks_nothing_leaves_until_input_arrives(broker, tmp_pa
         wait_s = (ats[-1] - now_ms()) / 1000 + 1.5
         idle = drain(client, spec.output, "check", expect=n, timeout=max(wait_s, 1.0))
         DelayedProducer(client, scheduling_topic=sched).send(spec.output, b"wake", now_ms())
+        woke = drain(client, spec.output, "check", expect=n + 1, timeout=15)
+    finally:
+        client.close()
+        runner.stop()
+    assert idle == []
+    assert len(woke) == n + 1
+
+
+def test_control_direct_intake_waits_for_the_first_tick(broker, tmp_path, unique):
+    """Direct intake: only the tick topic is an input, so the first tick starts the function
+    (on real Pulsar, with tickMode chain, the operator sends it once - docs/operations.md)."""
+    spec, sched = writer_spec(unique, tmp_path, "direct", tickMode="chain")
+    n = 5
+    ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=2000)
+    runner = start_writer(broker, tmp_path, spec)
+    client = quiet_client(broker.service_url)
+    try:
+        wait_s = (ats[-1] - now_ms()) / 1000 + 1.5
+        DelayedProducer(client, scheduling_topic=sched).send(spec.output, b"new", now_ms())
+        idle = drain(client, spec.output, "check", expect=n + 1, timeout=max(wait_s, 1.0))
+        send_plain_tick(client, spec)
         woke = drain(client, spec.output, "check", expect=n + 1, timeout=15)
     finally:
         client.close()

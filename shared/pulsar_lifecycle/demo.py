@@ -85,7 +85,7 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
 
     snap_dir = data_dir / "bucket-snapshots"
     wcfg = load_function_config(configs / "bucket-snapshot-writer.yaml")
-    sched = next(t for t in wcfg["inputSpecs"] if t != wcfg["userConfig"]["tickTopic"])
+    sched = wcfg["userConfig"]["schedulingTopic"]
     writer = start_function(configs / "bucket-snapshot-writer.yaml", broker, data_dir, userConfig=dict(
         wcfg["userConfig"], snapshotDir=str(snap_dir), snapshotDeletion="two-phase",
         snapshotDeletionSendDelaySeconds=1, maxUnackedPerBucket=4, tickTimeMillis=200))
@@ -101,7 +101,7 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
     store = DirectorySnapshotStorage(snap_dir)
     # The writer builds its service (recovery, publisher) on its first tick; start after that.
     ready = time.monotonic() + 15
-    while time.monotonic() < ready and getattr(writer._instances[0]._function, "service", None) is None:
+    while time.monotonic() < ready and getattr(writer.functions()[0], "service", None) is None:
         time.sleep(0.05)
     delays = [3500, 500, 2500, 0, 1500, 3000, 1000, 2000]
     try:

@@ -44,12 +44,19 @@ def parse_deliver_at(value: str) -> int:
     return _parse_uint(value, "deliver-at time in ms", DELIVER_AT_PROP)
 
 
-def parse_cancel_target(value: str) -> Tuple[int, int]:
-    """Parse `__pl_cancel__` = "<ledgerId>:<entryId>" into (ledger_id, entry_id)."""
-    if not isinstance(value, str) or value.count(":") != 1:
-        raise ProtocolError(f"{CANCEL_PROP}: expected '<ledgerId>:<entryId>', got {value!r}")
-    ledger, entry = value.split(":")
-    return _parse_uint(ledger, "ledger id", CANCEL_PROP), _parse_uint(entry, "entry id", CANCEL_PROP)
+def parse_cancel_target(value: str) -> Tuple[int, int, int]:
+    """Parse `__pl_cancel__` = "<ledgerId>:<entryId>[:<batchIndex>]"; batch index -1 when absent.
+
+    The one parser of the property (DelayedProducer.cancel writes it with the batch index of a
+    batched scheduling message).
+    """
+    parts = value.split(":") if isinstance(value, str) else []
+    if len(parts) not in (2, 3):
+        raise ProtocolError(f"{CANCEL_PROP}: expected '<ledgerId>:<entryId>[:<batchIndex>]', got {value!r}")
+    ledger = _parse_uint(parts[0], "ledger id", CANCEL_PROP)
+    entry = _parse_uint(parts[1], "entry id", CANCEL_PROP)
+    batch = _parse_uint(parts[2], "batch index", CANCEL_PROP) if len(parts) == 3 else -1
+    return ledger, entry, batch
 
 
 def format_origin_msg_id(ledger_id: int, entry_id: int, partition: int) -> str:

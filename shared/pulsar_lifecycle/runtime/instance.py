@@ -57,6 +57,11 @@ class FunctionInstance:
         self._output_serde: Any = None
         self.nack_delay_ms = nack_delay_ms
 
+    @property
+    def function(self) -> Any:
+        """The loaded user function (class instance or module); None before start()."""
+        return self._function
+
     # -- set-up -------------------------------------------------------------------------------------
     def _consumer_type(self) -> pulsar.ConsumerType:
         if getattr(self.spec, "retain_key_ordering", False):

@@ -144,6 +144,10 @@ class LocalRunner:
         self._ticker = threading.Thread(target=run, name="localrun-ticker", daemon=True)
         self._ticker.start()
 
+    def functions(self) -> List[Any]:
+        """The user function object of each instance (None until that instance loaded it)."""
+        return [inst.function for inst in self._instances]
+
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until stop() is called (or `timeout` passes)."""
         self._stop.wait(timeout)

@@ -8,6 +8,8 @@ from ..bucket.config import BucketConfig
 
 # userConfig key -> (attribute, default, meaning). docs/configuration.md is generated from this.
 WRITER_KEYS: Dict[str, tuple] = {
+    "schedulingTopic": ("scheduling_topic", "", "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client; the function's only input is then `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md)."),
+    "schedulingSubscription": ("scheduling_subscription", "", "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name."),
     "snapshotStorage": ("snapshot_storage", "directory", "Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service)."),
     "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store; default `.pulsar-lifecycle/buckets/<tenant>_<namespace>_<name>` under the working directory."),
     "snapshotStorageServiceUrl": ("snapshot_storage_service_url", "", "`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`."),
@@ -35,6 +37,8 @@ WRITER_KEYS: Dict[str, tuple] = {
 class WriterConfig:
     """BucketSnapshotWriter settings plus the bucket engine's (BucketConfig)."""
 
+    scheduling_topic: str = ""
+    scheduling_subscription: str = ""
     snapshot_storage: str = "directory"
     snapshot_dir: str = ""
     snapshot_storage_service_url: str = ""

@@ -3,13 +3,14 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import IO, Any, List
+from typing import IO, Any, List, Tuple
 
 from ..bucket import BucketIndex
 from ..bucket.storage_dir import DirectorySnapshotStorage
-from ..dedup.publisher import DedupPublisher
+from ..dedup.publisher import DedupPublisher, normalize_topic
 from .config import WriterConfig, parse_writer_config
 from .context_state import ContextStateStore
+from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
 
 log = logging.getLogger(__name__)
@@ -43,29 +44,57 @@ def lock_exclusively(path: Path) -> IO[str]:
     return fh  # the flock lasts while this file stays open (and ends with the process)
 
 
+def scheduling_input(context: Any, user: dict) -> Tuple[str, bool]:
+    """(scheduling topic, direct intake?) from the function's inputs and userConfig.
+
+    Direct intake (`schedulingTopic` set): the function's only input is the tick topic, which
+    starts the function. Runtime intake: exactly one input besides the tick topic.
+    """
+    inputs = [normalize_topic(t) for t in context.get_input_topics()]
+    tick = normalize_topic(user["tickTopic"]) if user.get("tickTopic") else ""
+    others = [t for t in inputs if t != tick]
+    if user.get("schedulingTopic"):
+        topic = normalize_topic(str(user["schedulingTopic"]))
+        if others:
+            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
+                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
+        if not tick or tick not in inputs:
+            raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
+                             "function's input: ticks start the function and wake it after a restart")
+        return topic, True
+    if len(others) != 1:
+        raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic (or userConfig "
+                         f"schedulingTopic for direct intake), got {others}")
+    return others[0], False
+
+
 def build_service(context: Any) -> SchedulerService:
     """Everything the function needs, built from userConfig and the function's identity."""
-    inputs = context.get_input_topics()
     user = dict(context.get_user_config_map() or {})
-    tick = user.get("tickTopic") or ""
-    scheduling = [t for t in inputs if t != tick]
-    if len(scheduling) != 1:
-        raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic, got {scheduling}")
+    scheduling, direct = scheduling_input(context, user)
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
-    cfg = parse_writer_config(user, topic=scheduling[0], cursor=fqfn)
+    cfg = parse_writer_config(user, topic=scheduling, cursor=fqfn)
     default_target = context.get_output_topic()
     if not default_target:
         raise ValueError("BucketSnapshotWriter needs `output` (the business topic releases go to)")
     resources: List[Any] = []
     storage = open_snapshot_storage(cfg, context, resources)
-    engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling[0]))
+    engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
     producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
-    publisher = DedupPublisher(context.get_pulsar_client(), producer_name,
+    client = context.get_pulsar_client()
+    publisher = DedupPublisher(client, producer_name,
                                ContextStateStore(context, prefix=f"dedup/{context.get_instance_id()}/"))
     publisher.open(default_target)
+    source_factory = None
+    if direct:
+        sub = SchedulingSubscription(
+            topic=scheduling, subscription=cfg.scheduling_subscription or fqfn,
+            batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
+            max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
+        source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
     service = SchedulerService(engine, publisher, cfg, default_target,
-                               cfg.invalid_message_topic or f"{scheduling[0]}-INVALID",
-                               context.get_pulsar_client(), context.record_metric, resources=resources)
+                               cfg.invalid_message_topic or f"{scheduling}-INVALID",
+                               client, context.record_metric, resources=resources, source_factory=source_factory)
     service.start()
     return service
 

@@ -9,6 +9,7 @@ from ..bucket.protocol import (
     DELIVER_AT_PROP,
     TARGET_PROP,
     ProtocolError,
+    parse_cancel_target,
     parse_deliver_at,
 )
 from ..bucket.records import DelayedMessage
@@ -52,10 +53,7 @@ def classify(
                        f"(entry <= {positions.MAX_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
     try:
         if CANCEL_PROP in properties:
-            try:
-                lid, eid, bidx = positions.parse_message_ref(properties[CANCEL_PROP])
-            except ValueError as exc:
-                return Invalid(f"{CANCEL_PROP}: {exc}")
+            lid, eid, bidx = parse_cancel_target(properties[CANCEL_PROP])
             target_entry = positions.encode(eid, bidx)
             if target_entry is None:
                 return Invalid(f"{CANCEL_PROP}={properties[CANCEL_PROP]!r} is beyond the index's position range")

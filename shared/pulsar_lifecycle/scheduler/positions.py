@@ -33,13 +33,3 @@ def format_message_ref(ledger_id: int, entry_id: int, batch_index: int) -> str:
     """"<ledgerId>:<entryId>" or "<ledgerId>:<entryId>:<batchIndex>" for a batched message."""
     base = f"{ledger_id}:{entry_id}"
     return f"{base}:{batch_index}" if batch_index >= 0 else base
-
-
-def parse_message_ref(text: str) -> Tuple[int, int, int]:
-    """Inverse of format_message_ref; batch index -1 when absent. ValueError names the problem."""
-    parts = text.split(":") if isinstance(text, str) else []
-    if len(parts) not in (2, 3) or not all(p.isascii() and p.isdigit() for p in parts):
-        raise ValueError(f"expected '<ledgerId>:<entryId>[:<batchIndex>]', got {text!r}")
-    ledger, entry = int(parts[0]), int(parts[1])
-    batch = int(parts[2]) if len(parts) == 3 else -1
-    return ledger, entry, batch

@@ -1,8 +1,12 @@
 """The scheduler service behind BucketSnapshotWriter: intake, release thread, commits, metrics.
 
 Threads:
-- process() (the runtime's execution thread) only classifies a message and queues it;
-- the intake thread makes a batch durable in the bucket index, then acks its source messages;
+- the intake thread takes a batch of scheduling messages from its source, makes it durable in
+  the bucket index, then acks the batch's source messages. The source is either the function's
+  own batch consumer of the scheduling topic (direct intake, `schedulingTopic`; see
+  scheduling_consumer.py) or a queue that process() fills one message at a time (runtime intake);
+- process() (the runtime's execution thread) handles ticks, and with runtime intake classifies
+  each scheduling message and queues it;
 - the release thread sleeps until the next deliver-at time, pops due items in release-key order,
   publishes them through the dedup publisher with the engine's sequence ids and commits the
   release watermark once the broker confirmed everything up to it.
@@ -17,7 +21,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
 from ..bucket.metrics import LATENCY_BUCKETS_MS
@@ -39,12 +43,73 @@ def now_ms() -> int:
 
 @dataclass
 class Pending:
-    """A queued intake item and how to acknowledge its source message."""
+    """A classified intake item; `ack` acknowledges its source message (runtime intake only)."""
 
     item: Any  # DelayedMessage | Cancel | Invalid
-    ack: Callable[[], None]
+    ack: Optional[Callable[[], None]] = None
     payload: bytes = b""
     properties: Dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class IntakeBatch:
+    """Scheduling messages made durable together; `ack` acknowledges all their source messages."""
+
+    items: List[Pending]
+    ack: Callable[[], None]
+
+
+class IntakeSource(Protocol):
+    """Where the intake thread gets its batches."""
+
+    def take(self) -> Optional[IntakeBatch]:
+        """The next batch, or None after a short idle wait (the intake thread then checks stop)."""
+
+    def close(self) -> None:
+        """Release the source (its unacked messages are redelivered)."""
+
+
+class QueueIntake:
+    """Runtime intake: process() submits one message at a time, the intake thread takes batches."""
+
+    def __init__(self, batch_size: int, batch_delay_ms: int, stop: threading.Event) -> None:
+        self._queue: "queue.Queue[Pending]" = queue.Queue(maxsize=max(1000, 4 * batch_size))
+        self._batch_size = batch_size
+        self._batch_delay_s = batch_delay_ms / 1000.0
+        self._stop = stop
+
+    def submit(self, pending: Pending) -> bool:
+        """Queue one item; blocks while the queue is full; False once the service stopped."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(pending, timeout=0.2)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def take(self) -> Optional[IntakeBatch]:
+        try:
+            first = self._queue.get(timeout=0.2)
+        except queue.Empty:
+            return None
+        batch = [first]
+        deadline = time.monotonic() + self._batch_delay_s
+        while len(batch) < self._batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
+            except queue.Empty:
+                break
+
+        def ack() -> None:
+            for p in batch:
+                if p.ack is not None:
+                    p.ack()
+        return IntakeBatch(batch, ack)
+
+    def close(self) -> None:
+        """Nothing to release: queued items were never acked and are redelivered."""
 
 
 class SchedulerService:
@@ -52,7 +117,8 @@ class SchedulerService:
 
     def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
-                 resources: Optional[List[Any]] = None) -> None:
+                 resources: Optional[List[Any]] = None,
+                 source_factory: Optional[Callable[[], IntakeSource]] = None) -> None:
         self.engine = engine
         self.publisher = publisher
         self.config = config
@@ -61,8 +127,11 @@ class SchedulerService:
         self.client = client
         self.record_metric = record_metric
         self._resources = list(resources or [])  # closed on stop (e.g. the snapshot dir lock)
-        self._intake: "queue.Queue[Pending]" = queue.Queue(maxsize=max(1000, 4 * config.ingest_batch_size))
         self._stop = threading.Event()
+        self._queue = QueueIntake(config.ingest_batch_size, config.ingest_batch_delay_millis, self._stop)
+        # The direct source is opened after recovery, so nothing is received before the index is usable.
+        self._source_factory = source_factory
+        self._source: IntakeSource = self._queue
         self._wake = threading.Condition()
         self._threads: List[threading.Thread] = []
         self._outstanding: Deque[int] = deque()  # seqs handed to the publisher, in order
@@ -71,6 +140,7 @@ class SchedulerService:
         self._committed = 0
         self._invalid_producer: Any = None
         self.failure: Optional[BaseException] = None
+        self.received = 0
         self.released = 0
         self.cancelled = 0
         self.invalid = 0
@@ -80,6 +150,8 @@ class SchedulerService:
         """Recover the index and start the intake and release threads."""
         report = self.engine.recover()
         log.info("event=scheduler_recovered report=%s target=%s", report, self.default_target)
+        if self._source_factory is not None:
+            self._source = self._source_factory()
         for name, target in (("bucket-intake", self._intake_loop), ("bucket-release", self._release_loop)):
             t = threading.Thread(target=self._guard(target), name=name, daemon=True)
             t.start()
@@ -108,6 +180,10 @@ class SchedulerService:
         for t in self._threads:
             t.join(timeout=10)
         try:
+            self._source.close()
+        except Exception as exc:
+            log.warning("event=scheduler_intake_close_failed error=%r", exc)
+        try:
             self.publisher.flush()
             self._advance_commit()
         except Exception as exc:
@@ -120,49 +196,35 @@ class SchedulerService:
             res.close()
 
     # -- intake ----------------------------------------------------------------------------------
-    def submit(self, pending: Pending) -> None:
-        """Queue one classified message (called from process()); blocks when the queue is full."""
-        while not self._stop.is_set():
-            try:
-                self._intake.put(pending, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise RuntimeError("scheduler stopped") from self.failure
+    @property
+    def direct_intake(self) -> bool:
+        """True when the service consumes the scheduling topic itself (schedulingTopic set)."""
+        return self._source_factory is not None
 
-    def _take_batch(self) -> List[Pending]:
-        try:
-            first = self._intake.get(timeout=0.2)
-        except queue.Empty:
-            return []
-        batch = [first]
-        deadline = time.monotonic() + self.config.ingest_batch_delay_millis / 1000.0
-        while len(batch) < self.config.ingest_batch_size:
-            remaining = deadline - time.monotonic()
-            try:
-                batch.append(self._intake.get(timeout=max(0.0, remaining)) if remaining > 0 else self._intake.get_nowait())
-            except queue.Empty:
-                break
-        return batch
+    def submit(self, pending: Pending) -> None:
+        """Queue one classified message (runtime intake, called from process()); blocks when full."""
+        if not self._queue.submit(pending):
+            raise RuntimeError("scheduler stopped") from self.failure
 
     def _intake_loop(self) -> None:
         while not self._stop.is_set():
-            batch = self._take_batch()
-            if not batch:
+            batch = self._source.take()
+            if batch is None or not batch.items:
                 self.engine.maybe_seal(now_ms())
                 continue
-            adds = [p for p in batch if isinstance(p.item, DelayedMessage)]
+            adds = [p.item for p in batch.items if type(p.item) is DelayedMessage]
             if adds:
-                self.engine.add([p.item for p in adds])  # durable when it returns
-            for p in batch:
-                if isinstance(p.item, Cancel):
-                    result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
-                    log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id, p.item.entry_id,
-                             getattr(result, "name", result))
-                elif isinstance(p.item, Invalid):
-                    self._send_invalid(p)
-            for p in batch:
-                p.ack()
+                self.engine.add(adds)  # durable when it returns
+            if len(adds) != len(batch.items):
+                for p in batch.items:
+                    if isinstance(p.item, Cancel):
+                        result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
+                        log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id,
+                                 p.item.entry_id, getattr(result, "name", result))
+                    elif isinstance(p.item, Invalid):
+                        self._send_invalid(p)
+            batch.ack()
+            self.received += len(batch.items)
             self.engine.maybe_seal(now_ms())
             with self._wake:
                 self._wake.notify_all()
@@ -248,8 +310,17 @@ class SchedulerService:
 
     def _record_metrics(self) -> None:
         stats = self.engine.stats()
-        for name, value in metric_values(stats):
+        for name, value in metric_values(stats) + self.counter_values():
             self.record_metric(name, value)
+
+    def counter_values(self) -> List[Tuple[str, float]]:
+        """This writer's own counters (no Pulsar equivalent): intake, releases, cancels, refusals."""
+        return [
+            ("pulsar_lifecycle_scheduler_received_total", float(self.received)),
+            ("pulsar_lifecycle_scheduler_released_total", float(self.released)),
+            ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
+            ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
+        ]
 
 
 def metric_values(stats: Any) -> List[Tuple[str, float]]:

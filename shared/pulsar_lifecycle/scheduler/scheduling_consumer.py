@@ -1,0 +1,100 @@
+"""Direct intake: the writer's own batch consumer of the scheduling topic.
+
+The Python Functions runtime hands a function one message at a time through a queue of one
+(python_instance.py), which caps any function at about 0.4 of a plain consume->produce pipe
+(docs/benchmarks.md). With `schedulingTopic` set, the scheduling topic is not a function input;
+the service subscribes to it through `context.get_pulsar_client()` (the runtime's own client)
+and takes whole batches with `batch_receive`: a batch is classified, made durable in one journal
+write and then acked, message by message, on the same consumer. The function's inputs are then
+only the tick topic, which starts the function and wakes it after a restart.
+
+A crash before the acks leaves the batch unacked on the subscription; it is redelivered and the
+index drops what it already holds (duplicates by position), so nothing is lost or indexed twice.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import pulsar
+
+from .intake import classify
+from .service import IntakeBatch, Pending
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH_BYTES = 16 * 1024 * 1024  # a bound for batch_receive besides the message count
+IDLE_WAIT_MS = 200  # longest blocking receive while the topic is idle (stop is checked in between)
+
+
+@dataclass(frozen=True)
+class SchedulingSubscription:
+    """What the direct consumer subscribes to and how it classifies what it receives."""
+
+    topic: str
+    subscription: str
+    batch_size: int
+    batch_delay_ms: int
+    max_delay_ms: int
+    allowed_target_prefixes: Tuple[str, ...]
+
+
+class SchedulingConsumer:
+    """An IntakeSource over a Shared batch consumer of the scheduling topic."""
+
+    def __init__(self, client: pulsar.Client, sub: SchedulingSubscription) -> None:
+        self.sub = sub
+        # Shared like the runtime's own input consumers (and the only type pulsar-lite gets right);
+        # Earliest so messages sent before the writer first ran are scheduled too.
+        self._consumer = client.subscribe(
+            sub.topic, sub.subscription,
+            consumer_type=pulsar.ConsumerType.Shared,
+            initial_position=pulsar.InitialPosition.Earliest,
+            receiver_queue_size=max(1000, 2 * sub.batch_size),
+            batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(sub.batch_size, MAX_BATCH_BYTES,
+                                                                   max(1, sub.batch_delay_ms)),
+        )
+        log.info("event=scheduling_consumer_subscribed topic=%s subscription=%s batch_size=%d",
+                 sub.topic, sub.subscription, sub.batch_size)
+
+    def take(self) -> Optional[IntakeBatch]:
+        """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
+        msgs = self._consumer.batch_receive()
+        if not msgs:
+            # Idle: block on one message instead of polling batch_receive every few ms.
+            try:
+                first = self._consumer.receive(timeout_millis=IDLE_WAIT_MS)
+            except pulsar.Timeout:
+                return None
+            msgs = [first]
+        now = int(time.time() * 1000)
+        items = [self._pending(m, now) for m in msgs]
+        consumer = self._consumer
+
+        def ack() -> None:
+            for m in msgs:
+                consumer.acknowledge(m)
+        return IntakeBatch(items, ack)
+
+    def _pending(self, msg: pulsar.Message, now: int) -> Pending:
+        props = msg.properties()
+        payload = msg.data()
+        mid = msg.message_id()
+        item = classify(
+            payload=payload, properties=props, key=msg.partition_key() or None,
+            event_time=msg.event_timestamp(),
+            position=(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index()),
+            now_ms=now, max_delay_ms=self.sub.max_delay_ms,
+            allowed_target_prefixes=self.sub.allowed_target_prefixes,
+        )
+        return Pending(item, None, payload, props)
+
+    def close(self) -> None:
+        """Close the consumer; what it received but did not ack is redelivered."""
+        try:
+            self._consumer.close()
+        except Exception as exc:  # closing during a broker outage must not hide the real error
+            log.warning("event=scheduling_consumer_close_failed topic=%s error=%r", self.sub.topic, exc)
+
