@@ -28,10 +28,11 @@ def write_config(tmp_path: Path, unique: str, **user) -> tuple:
     sched = f"persistent://public/default/csched-{unique}"
     ticks = f"persistent://public/default/cticks-{unique}"
     out = f"persistent://public/default/creleased-{unique}"
-    cfg["inputSpecs"] = {sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1000},
-                         ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    # The shipped config: direct intake (schedulingTopic), the tick topic the only input.
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     cfg.update(output=out, name=f"cwriter-{unique}", subName=f"cwriter-{unique}")
-    cfg["userConfig"].update(tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"), tickTimeMillis=200, **user)
+    cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
+                             tickTimeMillis=200, **user)
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, sched, out

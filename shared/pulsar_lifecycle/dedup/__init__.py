@@ -5,6 +5,7 @@
 """
 from .publisher import (
     DedupPublisher,
+    OutMessage,
     Outcome,
     PublishCallback,
     PublishError,
@@ -34,6 +35,7 @@ __all__ = [
     "DedupPublisher",
     "DedupSnapshot",
     "NO_SEQUENCE",
+    "OutMessage",
     "Outcome",
     "PRODUCER_PROPERTY",
     "Position",

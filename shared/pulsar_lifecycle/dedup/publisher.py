@@ -29,7 +29,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pulsar
 
@@ -105,12 +105,30 @@ def normalize_topic(topic: str) -> str:
     raise ValueError(f"invalid topic name {topic!r}: expected 'name', 'tenant/ns/name' or 'persistent://...'")
 
 
+@dataclass(frozen=True)
+class OutMessage:
+    """One message of `publish_many`."""
+
+    payload: bytes
+    sequence_id: int
+    properties: Optional[Mapping[str, str]] = None
+    partition_key: Optional[str] = None
+    event_timestamp: Optional[int] = None
+
+
+# publish_many gives a message its own completion callback above this size: pulsar-client fails
+# an oversized message on its own (MessageTooBig) while later ones succeed.
+TRACK_EACH_ABOVE_BYTES = 1 << 20
+
+
 @dataclass
 class _Pending:
     seq: int
     callback: Optional[PublishCallback]
     done: bool = False
     position: Optional[Position] = None
+    tracked: bool = True  # False: completed by the next tracked send of the channel (publish_many)
+    stranded: bool = False  # untracked, and nothing will ever complete it (its channel failed)
 
 
 @dataclass
@@ -123,6 +141,7 @@ class _Channel:
     recovery: Optional[TailStats] = None
     pending: Deque[_Pending] = field(default_factory=deque)
     outstanding: int = 0  # sends whose callback has not run yet
+    untracked: int = 0  # untracked sends not yet completed by a tracked one
     # Duplicates of ids still in flight: (seq, tiebreak, callback), fired when persisted reaches seq.
     waiters: List[Tuple[int, int, PublishCallback]] = field(default_factory=list)
     failed: Optional[str] = None
@@ -369,6 +388,108 @@ class DedupPublisher:
             self._safe_callback(callback, immediate)
         return outcome
 
+    def publish_many(self, topic: str, messages: Sequence[OutMessage]) -> List[Outcome]:
+        """Publish messages with increasing sequence ids to one topic; SENT or DUPLICATE each.
+
+        The fast path for bursts: only the last message sent (and any over
+        TRACK_EACH_ABOVE_BYTES) gets a completion callback from pulsar-client, whose success
+        also completes the earlier ones (a producer completes its sends in order); a Python
+        callback per message costs more than the send itself. There are no per-message
+        callbacks: read progress with `persisted_seq(topic)` and failures with `check()`.
+        A send that raises fails the channel (the earlier untracked sends have no known fate).
+        """
+        if self._closed:
+            raise PublishError(f"publisher {self.producer_name} is closed")
+        ch = self._channel_for(topic)
+        if ch.due_snapshot is not None:
+            self._write_due_snapshot(ch)
+        name = self.producer_name
+        outcomes: List[Outcome] = []
+        with ch.publish_lock:
+            held: Optional[Tuple[_Pending, OutMessage, Dict[str, str]]] = None
+            try:
+                for m in messages:
+                    seq = m.sequence_id
+                    check_sequence_id(seq, allow_zero=False)
+                    if not isinstance(m.payload, (bytes, bytearray, memoryview)):
+                        raise TypeError(f"payload must be bytes, got {type(m.payload).__name__}")
+                    props = self._message_properties(m.properties, seq)
+                    with ch.cond:
+                        if ch.failed is not None:
+                            raise PublishError(f"topic {ch.topic} producer {name}: channel failed at sequence id "
+                                               f"{ch.failed_seq}: {ch.failed}")
+                        if not ch.seqmap.should_publish(name, seq):
+                            ch.duplicates += 1
+                            outcomes.append(Outcome.DUPLICATE)
+                            continue
+                        ch.seqmap.mark_pushed(name, seq)
+                        pending = _Pending(seq, None, tracked=len(m.payload) > TRACK_EACH_ABOVE_BYTES)
+                        ch.pending.append(pending)
+                        ch.outstanding += 1
+                        ch.untracked += 0 if pending.tracked else 1
+                        if pending.tracked and held is not None and not held[0].tracked:
+                            # Close the group before a message that may fail on its own.
+                            held[0].tracked = True
+                            ch.untracked -= 1
+                    outcomes.append(Outcome.SENT)
+                    if held is not None:
+                        self._send_held(ch, *held)
+                    held = (pending, m, props)
+            except BaseException:
+                if held is not None:
+                    self._strand(ch, held[0])  # accepted but never handed to the producer
+                raise
+            if held is not None:
+                with ch.cond:
+                    if not held[0].tracked:
+                        held[0].tracked = True
+                        ch.untracked -= 1
+                self._send_held(ch, *held)
+        return outcomes
+
+    def _strand(self, ch: _Channel, pending: _Pending) -> None:
+        """A send that will never complete: out of the in-flight count; the watermark stops there."""
+        with ch.cond:
+            if ch.failed is None:
+                ch.failed, ch.failed_seq = "publish_many aborted before this send", pending.seq
+            if not pending.stranded and not pending.done:
+                pending.stranded = True
+                ch.outstanding -= 1
+                if not pending.tracked:
+                    ch.untracked -= 1
+            ch.cond.notify_all()
+
+    def _send_held(self, ch: _Channel, pending: _Pending, m: OutMessage, props: Dict[str, str]) -> None:
+        assert ch.producer is not None
+        callback = (lambda res, msg_id: self._on_send_complete(ch, pending, res, msg_id)) if pending.tracked else None
+        try:
+            ch.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
+                                   sequence_id=m.sequence_id, event_timestamp=m.event_timestamp)
+        except Exception as exc:
+            with ch.cond:
+                if ch.failed is None:
+                    ch.failed, ch.failed_seq = f"send raised: {exc}", pending.seq
+                # Nothing will complete this send or the ones handed over without a callback.
+                stranded = [p for p in ch.pending if p is pending or (not p.tracked and not p.done and not p.stranded)]
+                for p in stranded:
+                    p.stranded = True
+                    if not p.tracked:
+                        ch.untracked -= 1
+                ch.outstanding -= len(stranded)
+                ch.cond.notify_all()
+            log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", ch.topic, self.producer_name,
+                      pending.seq, exc)
+            raise PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
+                               f"{pending.seq} failed: {exc}") from exc
+        ch.sent += 1
+
+    def check(self) -> None:
+        """Raise PublishError if a send on any topic failed (the channel then refuses publishes)."""
+        for ch in list(self._channels.values()):
+            if ch.failed is not None:
+                raise PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
+                                   f"{ch.failed_seq} failed: {ch.failed}")
+
     def _message_properties(self, properties: Optional[Mapping[str, str]], seq: int) -> Dict[str, str]:
         props: Dict[str, str] = {}
         for k, v in (properties or {}).items():
@@ -393,7 +514,20 @@ class DedupPublisher:
         fire: List[Tuple[PublishCallback, PublishResult]] = []
         with ch.cond:
             ch.outstanding -= 1
+            # Untracked sends before this one complete with it: pulsar-client completes a
+            # producer's sends in order (an ack out of order makes it reconnect and resend).
+            covered: List[_Pending] = []
+            if ch.untracked:
+                covered = [p for p in itertools.takewhile(lambda p: p is not pending, ch.pending)
+                           if not p.tracked and not p.done and not p.stranded]
+                ch.outstanding -= len(covered)
+                ch.untracked -= len(covered)
+                if res != pulsar.Result.Ok:
+                    for p in covered:
+                        p.stranded = True
             if res == pulsar.Result.Ok:
+                for p in covered:
+                    p.done = True
                 pos = position_of(msg_id)
                 # -1:-1 is broker de-duplication saying "already stored": a success.
                 broker_dup = pos.ledger_id < 0 and pos.entry_id < 0
@@ -559,6 +693,7 @@ class DedupPublisher:
 
 __all__ = [
     "DedupPublisher",
+    "OutMessage",
     "Outcome",
     "PublishCallback",
     "PublishError",

@@ -26,7 +26,7 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
-from ..dedup.publisher import DedupPublisher, Outcome, PublishResult
+from ..dedup.publisher import DedupPublisher, OutMessage
 from . import positions
 from .config import WriterConfig
 from .intake import Cancel, Invalid
@@ -134,9 +134,8 @@ class SchedulerService:
         self._source: IntakeSource = self._queue
         self._wake = threading.Condition()
         self._threads: List[threading.Thread] = []
-        self._outstanding: Deque[int] = deque()  # seqs handed to the publisher, in order
-        self._confirmed: set = set()
-        self._confirm_lock = threading.Lock()
+        # (seq, target topic or None for a cancelled item), in release order; release thread only.
+        self._outstanding: Deque[Tuple[int, Optional[str]]] = deque()
         self._committed = 0
         self._invalid_producer: Any = None
         self.failure: Optional[BaseException] = None
@@ -245,8 +244,8 @@ class SchedulerService:
         last_metrics = 0.0
         while not self._stop.is_set():
             releases = self.engine.pop_due(now_ms(), self.config.release_batch_size)
-            for r in releases:
-                self._publish(r)
+            if releases:
+                self._publish_round(releases)
             now = time.monotonic()
             if now - last_commit >= self.config.commit_interval_millis / 1000.0:
                 self._advance_commit()
@@ -267,43 +266,47 @@ class SchedulerService:
                 with self._wake:
                     self._wake.wait(wait)
 
-    def _publish(self, r: Release) -> None:
-        with self._confirm_lock:
-            self._outstanding.append(r.seq)
-        if r.cancelled:
-            self.cancelled += 1
-            self._confirm(r.seq)
-            return
-        m = r.message
-        props = dict(m.properties)
-        entry, batch = positions.decode(m.entry_id)
-        origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
-        props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
-        # A batch's publish_timestamp is when the batch opened; this is when the item was released.
-        props[RELEASED_AT_PROP] = str(now_ms())
-        seq = r.seq
-
-        def done(res: PublishResult) -> None:
-            if res.outcome in (Outcome.PERSISTED, Outcome.DUPLICATE):
-                self._confirm(seq)
-            else:
-                self.failure = RuntimeError(f"release seq={seq} failed: {res}")
-                self._stop.set()
-
-        self.publisher.publish(m.target or self.default_target, m.payload, seq, properties=props,
-                               partition_key=m.key, event_timestamp=m.event_time or None, callback=done)
-        self.released += 1
-
-    def _confirm(self, seq: int) -> None:
-        with self._confirm_lock:
-            self._confirmed.add(seq)
+    def _publish_round(self, releases: List[Release]) -> None:
+        """Publish one round of releases, grouped per target topic (seqs stay increasing per topic)."""
+        by_topic: Dict[str, List[OutMessage]] = {}
+        released_at = str(now_ms())  # a batch's publish_timestamp is when the batch opened, not this
+        for r in releases:
+            if r.cancelled:
+                self._outstanding.append((r.seq, None))
+                self.cancelled += 1
+                continue
+            m = r.message
+            target = m.target or self.default_target
+            props = dict(m.properties)
+            entry, batch = positions.decode(m.entry_id)
+            origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
+            props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
+            props[RELEASED_AT_PROP] = released_at
+            out = by_topic.get(target)
+            if out is None:
+                out = by_topic[target] = []
+            out.append(OutMessage(m.payload, r.seq, props, m.key, m.event_time or None))
+            self._outstanding.append((r.seq, target))
+        for target, out in by_topic.items():
+            self.publisher.publish_many(target, out)
+            self.released += len(out)
 
     def _advance_commit(self) -> None:
+        """Commit the release watermark: the longest prefix of releases the broker has stored."""
+        self.publisher.check()  # a failed send stops the service; a restart re-derives the releases
+        persisted: Dict[str, int] = {}
         upto = 0
-        with self._confirm_lock:
-            while self._outstanding and self._outstanding[0] in self._confirmed:
-                upto = self._outstanding.popleft()
-                self._confirmed.discard(upto)
+        outstanding = self._outstanding
+        while outstanding:
+            seq, topic = outstanding[0]
+            if topic is not None:
+                done = persisted.get(topic)
+                if done is None:
+                    done = persisted[topic] = self.publisher.persisted_seq(topic)
+                if seq > done:
+                    break
+            upto = seq
+            outstanding.popleft()
         if upto > self._committed:
             self.engine.commit(upto)
             self._committed = upto
