@@ -55,12 +55,12 @@ def scheduling_input(context: Any, user: dict) -> Tuple[str, bool]:
     others = [t for t in inputs if t != tick]
     if user.get("schedulingTopic"):
         topic = normalize_topic(str(user["schedulingTopic"]))
-        if others:
-            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
-                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
         if not tick or tick not in inputs:
             raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
                              "function's input: ticks start the function and wake it after a restart")
+        if others:
+            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
+                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
         return topic, True
     if len(others) != 1:
         raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic (or userConfig "
