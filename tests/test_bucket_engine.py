@@ -397,7 +397,8 @@ def test_cancel_results_tombstones_and_seq_consumption():
     assert ix.cancel(1, 3) == CancelResult.CANCELLED  # in a snapshot
     assert ix.cancel(1, 11) == CancelResult.CANCELLED  # in the mutable bucket
     assert ix.cancel(1, 3) == CancelResult.ALREADY_CANCELLED
-    assert ix.cancel(5, 5) == CancelResult.UNKNOWN
+    assert ix.cancel(5, 5) == CancelResult.CANCELLED_BEFORE_ADD
+    assert ix.cancel(5, 5) == CancelResult.ALREADY_CANCELLED
     got = ix.pop_due(102, 100)
     assert ix.cancel(1, 0) == CancelResult.ALREADY_RELEASED
     assert ix.contains(1, 3) and not ix.contains(1, 0)
@@ -408,6 +409,19 @@ def test_cancel_results_tombstones_and_seq_consumption():
     assert flagged == {3, 11}
     assert [r.seq for r in rest] == list(range(1, 13))  # nothing committed: all again, same seqs
     assert [r.seq for r in got] == [1, 2, 3]
+
+
+def test_cancel_before_add_drops_the_add_across_restarts_and_seals():
+    st = MemorySnapshotStorage()
+    ix = new_index(st, **SMALL)
+    assert ix.cancel(1, 4) == CancelResult.CANCELLED_BEFORE_ADD
+    ix2 = new_index(st, **SMALL)  # the early tombstone is durable (journal)
+    assert ix2.add([msg(1, e, 100) for e in range(3, 6)]) == [True, False, True]
+    ix2.seal()  # journal cut: now the manifest carries it
+    ix3 = new_index(st, **SMALL)
+    assert ix3.add([msg(1, 4, 100)]) == [False]  # a redelivered add is still dropped
+    assert ix3.cancel(1, 4) == CancelResult.ALREADY_CANCELLED
+    assert [r.message.entry_id for r in drain(ix3)] == [3, 5]
 
 
 def test_committed_cancelled_tombstones_are_pruned():

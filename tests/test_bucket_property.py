@@ -8,7 +8,8 @@ same storage — every call's effects are durable when it returns, so this is a 
 * after dedup by seq the stream is in strictly increasing release-key order and no item appears
   under two seqs;
 * cancel results follow the model, and an item is flagged cancelled exactly when a cancel
-  returned CANCELLED before its release;
+  returned CANCELLED before its release; a cancel that comes before its item's add
+  (CANCELLED_BEFORE_ADD) makes that add a no-op: the item is never released;
 * nothing due is left behind by pop_due, and in the end every added item is released.
 """
 from __future__ import annotations
@@ -62,6 +63,7 @@ class BucketMachine(RuleBasedStateMachine):
         self.next_entry: Dict[int, int] = {1: 0, 2: 0, 3: 0}
         self.added: Dict[Ident, int] = {}  # ident -> deliver_at
         self.cancelled_ok: Set[Ident] = set()
+        self.cancelled_early: Set[Ident] = set()  # cancelled before their add
         self.by_seq: Dict[int, Tuple[Key, Ident, bool]] = {}  # first release of each seq
         self.seq_of: Dict[Ident, int] = {}
         self.last_seq = 0
@@ -127,7 +129,7 @@ class BucketMachine(RuleBasedStateMachine):
             self.next_entry[ledger] += 1
             msgs.append(DelayedMessage(ledger, entry, ledger - 1, self.now + delay, b"p%d" % entry,
                                        properties={"e": str(entry)}))
-            expect.append(True)
+            expect.append((ledger, entry) not in self.cancelled_early)
             batch.add((ledger, entry))
         known = sorted(self.added)
         for pick in dup_picks:
@@ -147,7 +149,13 @@ class BucketMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 10**6), unknown=st.booleans())
     def cancel(self, pick, unknown) -> None:
         if unknown or not self.added:
-            assert self.ix.cancel(9, pick % 1000) == CancelResult.UNKNOWN
+            # Not added yet: an entry a few ahead on a ledger the adds use, or one they never use.
+            ledger = 1 + pick % 4
+            ident = (ledger, self.next_entry.get(ledger, 0) + pick % 3) if ledger <= 3 else (9, pick % 1000)
+            expected = (CancelResult.ALREADY_CANCELLED if ident in self.cancelled_early
+                        else CancelResult.CANCELLED_BEFORE_ADD)
+            assert self.ix.cancel(*ident) == expected
+            self.cancelled_early.add(ident)
             return
         known = sorted(self.added)
         ident = known[pick % len(known)]

@@ -102,6 +102,22 @@ class LedgerBitmaps:
                 out.update_ledger(ledger, bm & o)
         return out
 
+    def difference(self, other: "LedgerBitmaps") -> "LedgerBitmaps":
+        """A new set with the items of this one that are not in `other`."""
+        out = LedgerBitmaps()
+        for ledger, bm in self._maps.items():
+            o = other._maps.get(ledger)
+            out.update_ledger(ledger, bm - o if o is not None else bm)
+        return out
+
+    def union(self, other: "LedgerBitmaps") -> "LedgerBitmaps":
+        """A new set with the items of either."""
+        out = LedgerBitmaps()
+        for src in (self, other):
+            for ledger, bm in src._maps.items():
+                out.update_ledger(ledger, bm)
+        return out
+
     def items(self) -> Iterator[Tuple[int, int]]:
         """Every (ledger_id, entry_id), in order."""
         for ledger in sorted(self._maps):

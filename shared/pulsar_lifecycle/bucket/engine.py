@@ -281,7 +281,9 @@ class BucketIndex:
                 self._buckets.append(bucket)
                 self._by_id[bucket.bucket_id] = bucket
             journal_records = self._replay_journal(records, counters)
-            self._tombstones = self._tombstones.intersection(self._pending)
+            # Keep the tombstones of pending items and of items not added yet (cancelled early).
+            self._tombstones = self._tombstones.intersection(self._pending).union(
+                self._tombstones.difference(self._seen))
             for bid in orphans:
                 pending_delete.setdefault(bid, "")
             for bid, key in exhausted:
@@ -455,7 +457,7 @@ class BucketIndex:
     # ------------------------------------------------------------------------- adding -------
     def add(self, messages: Sequence[DelayedMessage]) -> List[bool]:
         """Add messages; returns per message True (added) or False (its (ledger, entry) was
-        added before, ever — duplicate, ignored). Returns only when the added items are durable
+        added before, ever — duplicate, ignored — or cancelled before its add, dropped). Returns only when the added items are durable
         (journaled); the caller may ack the source messages then. May seal and merge."""
         msgs = list(messages)
         for m in msgs:
@@ -469,6 +471,8 @@ class BucketIndex:
         with self._write_lock:
             self._check_usable()
             seen = self._seen.contains
+            # A tombstone of a position never seen: its cancel came first, drop the add.
+            cancelled_early = self._tombstones.contains
             batch: List[Tuple[int, DelayedMessage]] = []
             batch_ids: Set[Tuple[int, int]] = set()
             max_ledger = self._mend
@@ -476,7 +480,7 @@ class BucketIndex:
             seal_failed = False  # after a failed seal, do not retry for every message of the call
             for i, m in enumerate(msgs):
                 ident = (m.ledger_id, m.entry_id)
-                if ident in batch_ids or seen(m.ledger_id, m.entry_id):
+                if ident in batch_ids or seen(m.ledger_id, m.entry_id) or cancelled_early(m.ledger_id, m.entry_id):
                     continue
                 if (m.ledger_id > max_ledger and mutable_count + len(batch) >= min_index and not seal_failed
                         and self._pulsar_seal_due(m.ledger_id, max_ledger, mutable_count + len(batch))):
@@ -558,19 +562,20 @@ class BucketIndex:
 
     # ----------------------------------------------------------------------- cancelling -----
     def cancel(self, ledger_id: int, entry_id: int) -> CancelResult:
-        """Cancel a pending item: a durable tombstone; the item still consumes its seq when
-        released, flagged cancelled=True. Cancelling a released or unknown item is reported."""
+        """Cancel an item: a durable tombstone. A pending item is still released in its turn (it
+        consumes its seq), flagged cancelled=True. An item not added yet - its cancel overtook
+        it (a redelivery, another partition) - is dropped when its add arrives; such tombstones
+        are kept for good (one bit each). Cancelling a released item is reported."""
         self._check_uint("ledger_id", ledger_id)
         self._check_uint("entry_id", entry_id, MAX_ENTRY_ID)
         with self._write_lock:
             self._check_usable()
             with self._lock:
-                if not self._seen.contains(ledger_id, entry_id):
-                    return CancelResult.UNKNOWN
-                if not self._pending.contains(ledger_id, entry_id):
-                    return CancelResult.ALREADY_RELEASED
+                seen = self._seen.contains(ledger_id, entry_id)
                 if self._tombstones.contains(ledger_id, entry_id):
                     return CancelResult.ALREADY_CANCELLED
+                if seen and not self._pending.contains(ledger_id, entry_id):
+                    return CancelResult.ALREADY_RELEASED
             try:
                 rid = self.storage.journal_append(encode_journal_cancel(ledger_id, entry_id))
             except Exception as exc:
@@ -578,11 +583,11 @@ class BucketIndex:
             with self._lock:
                 self._journal_last = rid
                 # pop_due may have released it while the tombstone was being written.
-                if not self._pending.contains(ledger_id, entry_id):
+                if seen and not self._pending.contains(ledger_id, entry_id):
                     return CancelResult.ALREADY_RELEASED
                 self._tombstones.add(ledger_id, entry_id)
-            logger.info("cancelled delayed message %d:%d", ledger_id, entry_id)
-            return CancelResult.CANCELLED
+            logger.info("cancelled delayed message %d:%d%s", ledger_id, entry_id, "" if seen else " before its add")
+            return CancelResult.CANCELLED if seen else CancelResult.CANCELLED_BEFORE_ADD
 
     # ------------------------------------------------------------------------ sealing -------
     def seal(self) -> bool:

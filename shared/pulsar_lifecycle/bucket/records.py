@@ -88,9 +88,9 @@ class CancelResult(enum.Enum):
     """What cancel() did."""
 
     CANCELLED = "cancelled"  # pending; durable tombstone written, it will be released flagged
-    ALREADY_CANCELLED = "already_cancelled"  # pending and already tombstoned
+    CANCELLED_BEFORE_ADD = "cancelled_before_add"  # not added yet; durable tombstone: its add is dropped
+    ALREADY_CANCELLED = "already_cancelled"  # already tombstoned (pending, or not added yet)
     ALREADY_RELEASED = "already_released"  # added earlier and released since
-    UNKNOWN = "unknown"  # never added
 
 
 @dataclass(frozen=True)
