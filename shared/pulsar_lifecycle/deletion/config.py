@@ -38,6 +38,8 @@ DEFAULTS: Dict[str, Any] = {
     "fileSystemBasePath": None,
     "bucketSnapshotHooks": None,
     "bucketSnapshotDir": None,
+    "bucketSnapshotStorageServiceUrl": None,
+    "bucketSnapshotWriter": None,
     "trustedRegistryMaxSize": 100000,
 }
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import IO, Any, List, Tuple
 
@@ -16,14 +17,20 @@ from .service import SchedulerService
 log = logging.getLogger(__name__)
 
 
+def bookkeeper_snapshot_storage(service_url: str, tenant: str, namespace: str, name: str) -> Any:
+    """The BookKeeper table-service snapshot store of the writer `tenant/namespace/name`."""
+    from ..bucket.storage_bk import BookKeeperTableSnapshotStorage
+
+    # The table service allows letters, digits and '_' only; function names may also hold '-' and '.'.
+    return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, re.sub(r"[^A-Za-z0-9_]", "_", f"{name}_buckets"))
+
+
 def open_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> Any:
     """The configured BucketSnapshotStorage backend; handles to close later go to `resources`."""
     table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
     if cfg.snapshot_storage == "bookkeeper":
-        from ..bucket.storage_bk import BookKeeperTableSnapshotStorage
-
-        return BookKeeperTableSnapshotStorage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
-                                              context.get_function_namespace(), f"{context.get_function_name()}_buckets".replace("-", "_"))
+        return bookkeeper_snapshot_storage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
+                                           context.get_function_namespace(), context.get_function_name())
     path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else Path(".pulsar-lifecycle") / "buckets" / table
     resources.append(lock_exclusively(path))
     return DirectorySnapshotStorage(path)

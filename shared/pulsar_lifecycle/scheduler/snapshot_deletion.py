@@ -40,9 +40,9 @@ class TwoPhaseSnapshotDeleter:
 
 @dataclass
 class SnapshotStoreHooks:
-    """What LedgerDeletionWorker needs for DELAYED_INDEX_BUCKET requests."""
+    """What LedgerDeletionWorker needs for DELAYED_INDEX_BUCKET requests, over either store."""
 
-    storage: DirectorySnapshotStorage
+    storage: Any  # DirectorySnapshotStorage | BookKeeperTableSnapshotStorage
 
     def is_bucket_in_use(self, bucket_id: int) -> bool:
         raw = self.storage.get_manifest()
@@ -65,9 +65,26 @@ class SnapshotStoreHooks:
 def snapshot_hooks(user_config: Mapping[str, Any]) -> SnapshotStoreHooks:
     """`bucketSnapshotHooks: pulsar_lifecycle.scheduler.snapshot_deletion:snapshot_hooks`.
 
-    Reads `bucketSnapshotDir`: the writer's `snapshotDir`.
+    Reads the writer's store: `bucketSnapshotDir` (its `snapshotDir`), or
+    `bucketSnapshotStorageServiceUrl` (its `snapshotStorageServiceUrl`, `bk://host:port`) with
+    `bucketSnapshotWriter` (its `tenant/namespace/name`) for the BookKeeper table service.
     """
     path = user_config.get("bucketSnapshotDir")
+    url = user_config.get("bucketSnapshotStorageServiceUrl")
+    writer = user_config.get("bucketSnapshotWriter")
+    if path and url:
+        raise ValueError("snapshot_hooks: set bucketSnapshotDir or bucketSnapshotStorageServiceUrl, not both")
+    if url:
+        parts = str(writer or "").split("/")
+        if len(parts) != 3 or not all(parts):
+            raise ValueError("snapshot_hooks with bucketSnapshotStorageServiceUrl needs bucketSnapshotWriter "
+                             f"'<tenant>/<namespace>/<name>' of the BucketSnapshotWriter, got {writer!r}")
+        if not str(url).startswith("bk://"):
+            raise ValueError(f"bucketSnapshotStorageServiceUrl must be bk://host:port, got {url!r}")
+        from .factory import bookkeeper_snapshot_storage
+
+        return SnapshotStoreHooks(bookkeeper_snapshot_storage(str(url), *parts))
     if not path:
-        raise ValueError("snapshot_hooks needs userConfig bucketSnapshotDir (the BucketSnapshotWriter's snapshotDir)")
+        raise ValueError("snapshot_hooks needs userConfig bucketSnapshotDir (the BucketSnapshotWriter's snapshotDir) "
+                         "or bucketSnapshotStorageServiceUrl + bucketSnapshotWriter (its BookKeeper table service)")
     return SnapshotStoreHooks(DirectorySnapshotStorage(Path(str(path))))
