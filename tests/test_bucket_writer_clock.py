@@ -75,38 +75,27 @@ def test_restart_with_idle_input_releases_on_time(broker, tmp_path, unique, inta
     assert lateness[-1] < 2000, f"not on time after an idle restart: lateness ms {lateness}"
 
 
-def test_control_without_ticks_nothing_leaves_until_a_message_arrives(broker, tmp_path, unique):
-    """Runtime intake: a scheduling message also starts the function."""
-    spec, sched = writer_spec(unique, tmp_path, "runtime", tickMode="chain")  # the runner produces no ticks
+@pytest.mark.parametrize("intake", INTAKES)
+def test_control_without_ticks_nothing_leaves_until_process_is_called(broker, tmp_path, unique, intake):
+    """No runner ticks (tickMode chain). Runtime intake: a scheduling message calls process() and
+    starts the function. Direct intake: the tick topic is the only input, so a scheduling message
+    starts nothing and the first tick does (on real Pulsar the operator sends it once -
+    docs/operations.md)."""
+    spec, sched = writer_spec(unique, tmp_path, intake, tickMode="chain")
     n = 5
     ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=2000)
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
     try:
-        wait_s = (ats[-1] - now_ms()) / 1000 + 1.5
-        idle = drain(client, spec.output, "check", expect=n, timeout=max(wait_s, 1.0))
-        DelayedProducer(client, scheduling_topic=sched).send(spec.output, b"wake", now_ms())
-        woke = drain(client, spec.output, "check", expect=n + 1, timeout=15)
-    finally:
-        client.close()
-        runner.stop()
-    assert idle == []
-    assert len(woke) == n + 1
-
-
-def test_control_direct_intake_waits_for_the_first_tick(broker, tmp_path, unique):
-    """Direct intake: only the tick topic is an input, so the first tick starts the function
-    (on real Pulsar, with tickMode chain, the operator sends it once - docs/operations.md)."""
-    spec, sched = writer_spec(unique, tmp_path, "direct", tickMode="chain")
-    n = 5
-    ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=2000)
-    runner = start_writer(broker, tmp_path, spec)
-    client = quiet_client(broker.service_url)
-    try:
-        wait_s = (ats[-1] - now_ms()) / 1000 + 1.5
-        DelayedProducer(client, scheduling_topic=sched).send(spec.output, b"new", now_ms())
-        idle = drain(client, spec.output, "check", expect=n + 1, timeout=max(wait_s, 1.0))
-        send_plain_tick(client, spec)
+        wait_s = max((ats[-1] - now_ms()) / 1000 + 1.5, 1.0)
+        producer = DelayedProducer(client, scheduling_topic=sched)
+        if intake == "runtime":
+            idle = drain(client, spec.output, "check", expect=n, timeout=wait_s)
+            producer.send(spec.output, b"wake", now_ms())
+        else:
+            producer.send(spec.output, b"new", now_ms())
+            idle = drain(client, spec.output, "check", expect=n + 1, timeout=wait_s)
+            send_plain_tick(client, spec)
         woke = drain(client, spec.output, "check", expect=n + 1, timeout=15)
     finally:
         client.close()
