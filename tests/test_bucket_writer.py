@@ -137,3 +137,34 @@ def test_metrics_with_pulsar_names_on_the_local_endpoint(broker, tmp_path, uniqu
     assert lines[f"pulsar_delayed_message_index_bucket_snapshot_size_bytes{{{fq}}}"] > 0
     assert lines[f'pulsar_delayed_message_index_bucket_op_count{{{fq},state="succeed",type="create"}}'] >= 2
     assert any(k.startswith("pulsar_function_user_metric__count") for k in lines)
+
+
+def test_a_failed_start_releases_the_snapshot_directory(broker, tmp_path, unique):
+    """build_service fails (here: the direct-intake subscribe) after taking the snapshot-directory
+    lock; the next attempt must fail for the same reason, not "directory in use"."""
+    import logging
+
+    from pulsar_lifecycle.runtime.context import FunctionIdentity, LocalContext
+    from pulsar_lifecycle.runtime.metrics import FunctionMetrics
+    from pulsar_lifecycle.scheduler.factory import build_service
+    from pulsar_lifecycle.state.directory import DirectoryStateStore
+
+    spec, _ = writer_spec(unique, tmp_path)
+    user = dict(spec.user_config, schedulingTopic="persistent://public/default")
+    client = quiet_client(broker.service_url)
+    try:
+        ctx = LocalContext(
+            identity=FunctionIdentity("public", "default", spec.name, 0, "fid", "1"), client=client, consumers={},
+            input_topics=list(spec.inputs), output_topic=spec.output, output_serde_class_name="serde.IdentitySerDe",
+            user_config=user, secrets={}, state=DirectoryStateStore(tmp_path / "state", "public", "default", "w"),
+            metrics=FunctionMetrics(spec.fqfn), logger=logging.getLogger("test"))
+        infos = []  # kept alive, as a runtime that logs the failure would (no GC closing the lock)
+        for _ in range(2):
+            with pytest.raises(Exception) as info:
+                build_service(ctx)
+            infos.append(info)
+        errors = [str(i.value) for i in infos]
+    finally:
+        client.close()
+    assert "in use" not in errors[1], errors
+    assert errors[0] == errors[1]

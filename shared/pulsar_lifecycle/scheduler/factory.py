@@ -85,24 +85,36 @@ def build_service(context: Any) -> SchedulerService:
     if not default_target:
         raise ValueError("BucketSnapshotWriter needs `output` (the business topic releases go to)")
     resources: List[Any] = []
-    storage = open_snapshot_storage(cfg, context, resources)
-    engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
-    producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
-    client = context.get_pulsar_client()
-    publisher = DedupPublisher(client, producer_name,
-                               ContextStateStore(context, prefix=f"dedup/{context.get_instance_id()}/"))
-    publisher.open(default_target)
-    source_factory = None
-    if direct:
-        sub = SchedulingSubscription(
-            topic=scheduling, subscription=cfg.scheduling_subscription or fqfn,
-            batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
-            max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
-        source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
-    service = SchedulerService(engine, publisher, cfg, default_target,
-                               cfg.invalid_message_topic or f"{scheduling}-INVALID",
-                               client, context.record_metric, resources=resources, source_factory=source_factory)
-    service.start()
+    storage: Any = None
+    publisher = None
+    try:
+        storage = open_snapshot_storage(cfg, context, resources)
+        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
+        producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
+        client = context.get_pulsar_client()
+        publisher = DedupPublisher(client, producer_name,
+                                   ContextStateStore(context, prefix=f"dedup/{context.get_instance_id()}/"))
+        publisher.open(default_target)
+        source_factory = None
+        if direct:
+            sub = SchedulingSubscription(
+                topic=scheduling, subscription=cfg.scheduling_subscription or fqfn,
+                batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
+                max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
+            source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
+        service = SchedulerService(engine, publisher, cfg, default_target,
+                                   cfg.invalid_message_topic or f"{scheduling}-INVALID",
+                                   client, context.record_metric, resources=resources, source_factory=source_factory)
+        service.start()
+    except BaseException:
+        # The next process() call builds again: the snapshot-directory lock must not outlive this try.
+        if publisher is not None:
+            publisher.close(timeout_s=5)
+        if storage is not None and callable(getattr(storage, "close", None)):
+            storage.close()
+        for res in resources:
+            res.close()
+        raise
     return service
 
 

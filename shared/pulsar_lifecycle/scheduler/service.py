@@ -188,7 +188,7 @@ class SchedulerService:
         except Exception as exc:
             log.warning("event=scheduler_stop_flush_failed error=%r", exc)
         self.publisher.close()
-        closer = getattr(self.engine, "close", None)
+        closer = getattr(getattr(self.engine, "storage", None), "close", None)
         if callable(closer):
             closer()
         for res in self._resources:
