@@ -1,4 +1,5 @@
-"""BucketSnapshotWriter under SIGKILL: 50,000 delayed messages released exactly once, never early."""
+"""BucketSnapshotWriter under SIGKILL: 50,000 delayed messages released exactly once, never early
+(direct intake, the shipped config), and a smaller run with runtime intake."""
 from __future__ import annotations
 
 import random
@@ -23,7 +24,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_config(tmp_path: Path, unique: str, **user) -> tuple:
+def write_config(tmp_path: Path, unique: str, intake: str = "direct", **user) -> tuple:
     cfg = yaml.safe_load((ROOT / "function-configs" / "bucket-snapshot-writer.yaml").read_text())
     sched = f"persistent://public/default/csched-{unique}"
     ticks = f"persistent://public/default/cticks-{unique}"
@@ -33,6 +34,9 @@ def write_config(tmp_path: Path, unique: str, **user) -> tuple:
     cfg.update(output=out, name=f"cwriter-{unique}", subName=f"cwriter-{unique}")
     cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
                              tickTimeMillis=200, **user)
+    if intake == "runtime":  # the scheduling topic as a function input, one message per process()
+        del cfg["userConfig"]["schedulingTopic"]
+        cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1000}
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, sched, out
@@ -55,9 +59,13 @@ def localrun(config: Path, port: int, tmp_path: Path) -> subprocess.Popen:
     return proc
 
 
-def test_50k_delayed_messages_with_5_sigkills_released_exactly_once(tmp_path, unique):
-    n, max_delay_ms, kills = 50_000, 120_000, 5
-    config, sched, out = write_config(tmp_path, unique)
+@pytest.mark.parametrize("intake, n, max_delay_ms, kills, kill_window_s", [
+    ("direct", 50_000, 120_000, 5, 100),  # the issue's acceptance run, on the shipped config
+    ("runtime", 10_000, 30_000, 2, 25),  # the other intake, smaller
+])
+def test_delayed_messages_with_sigkills_released_exactly_once(tmp_path, unique, intake, n, max_delay_ms, kills,
+                                                               kill_window_s):
+    config, sched, out = write_config(tmp_path, unique, intake)
     port = free_port()
     proc = localrun(config, port, tmp_path)
     client = quiet_client(f"pulsar://127.0.0.1:{port}")
@@ -91,7 +99,7 @@ def test_50k_delayed_messages_with_5_sigkills_released_exactly_once(tmp_path, un
         for i in range(n):
             expected[f"d{i}".encode()] = base + rng.randint(0, max_delay_ms)
         publish_all(producer, list(expected), [{DELIVER_AT_PROP: str(at)} for at in expected.values()])
-        kill_times = sorted(rng.uniform(2, 100) for _ in range(kills))
+        kill_times = sorted(rng.uniform(2, kill_window_s) for _ in range(kills))
         t0 = time.monotonic()
         for kt in kill_times:
             pump(max(0.0, kt - (time.monotonic() - t0)))
