@@ -385,3 +385,25 @@ def test_publish_many_oversized_message_fails_the_channel(broker, unique, tmp_pa
     counts = count_topic(broker.service_url, topic, max(persisted, 0))
     assert all(counts[(NAME, s)] == 1 for s in range(1, persisted + 1))
     assert not any(seq >= 3 for _, seq in counts), f"sent after the failure: {sorted(counts)}"
+
+
+def test_publish_many_bad_message_ends_the_burst_but_not_the_channel(broker, unique, tmp_path):
+    """A message with bad properties raises; the ones before it are still sent and confirmed,
+    and the channel keeps working (only a failed send fails it)."""
+    topic = f"persistent://public/default/dmb-{unique}"
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        burst = [OutMessage(b"a", 1), OutMessage(b"b", 2), OutMessage(b"c", 3, {"k": 5}), OutMessage(b"d", 4)]
+        with pytest.raises(TypeError, match="properties must be str"):
+            pub.publish_many(topic, burst)
+        pub.flush(10)
+        pub.check()
+        assert pub.persisted_seq(topic) == 2
+        assert pub.publish_many(topic, [OutMessage(b"c", 3), OutMessage(b"d", 4)]) == [Outcome.SENT] * 2
+        pub.flush(10)
+        assert pub.persisted_seq(topic) == 4
+        pub.close()
+    finally:
+        client.close()
+    assert count_topic(broker.service_url, topic, 4) == Counter({(NAME, s): 1 for s in range(1, 5)})

@@ -436,16 +436,30 @@ class DedupPublisher:
                         self._send_held(ch, *held)
                     held = (pending, m, props)
             except BaseException:
+                # A bad message (or a failed channel) ends the burst early; the message held back
+                # was accepted, so it is sent, tracked, unless the channel can no longer send.
                 if held is not None:
-                    self._strand(ch, held[0])  # accepted but never handed to the producer
+                    if ch.failed is None:
+                        self._track(ch, held[0])
+                        try:
+                            self._send_held(ch, *held)
+                        except PublishError:
+                            pass  # stranded, channel failed; the original error is the one to raise
+                    else:
+                        self._strand(ch, held[0])
                 raise
             if held is not None:
-                with ch.cond:
-                    if not held[0].tracked:
-                        held[0].tracked = True
-                        ch.untracked -= 1
+                self._track(ch, held[0])
                 self._send_held(ch, *held)
         return outcomes
+
+    @staticmethod
+    def _track(ch: _Channel, pending: _Pending) -> None:
+        """Give a not-yet-sent message its own completion callback (it closes the group)."""
+        with ch.cond:
+            if not pending.tracked:
+                pending.tracked = True
+                ch.untracked -= 1
 
     def _strand(self, ch: _Channel, pending: _Pending) -> None:
         """A send that will never complete: out of the in-flight count; the watermark stops there."""
