@@ -1,14 +1,12 @@
 """Classifying scheduling messages, and choosing the intake, without a broker."""
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 
 from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.scheduler import positions
-from pulsar_lifecycle.scheduler.factory import scheduling_input
+from pulsar_lifecycle.scheduler.config import scheduling_input
 from pulsar_lifecycle.scheduler.intake import Cancel, Invalid, classify
 
 NOW = 1_700_000_000_000
@@ -62,24 +60,20 @@ def test_cancel_names_a_batched_or_plain_message():
     assert run({CANCEL_PROP: "12:34"}) == Cancel(12, positions.encode(34, -1))
 
 
-def _context(inputs):
-    return SimpleNamespace(get_input_topics=lambda: list(inputs))
-
-
 def test_direct_intake_needs_the_tick_topic_as_the_only_input():
     ticks = "persistent://public/default/ticks"
     sched = "persistent://public/default/sched"
-    assert scheduling_input(_context([ticks]), {"tickTopic": ticks, "schedulingTopic": "sched"}) == (sched, True)
+    assert scheduling_input([ticks], {"tickTopic": ticks, "schedulingTopic": "sched"}) == (sched, True)
     with pytest.raises(ValueError, match="remove them from inputs"):
-        scheduling_input(_context([ticks, sched]), {"tickTopic": ticks, "schedulingTopic": sched})
+        scheduling_input([ticks, sched], {"tickTopic": ticks, "schedulingTopic": sched})
     with pytest.raises(ValueError, match="needs tickTopic"):
-        scheduling_input(_context([ticks]), {"schedulingTopic": sched})
+        scheduling_input([ticks], {"schedulingTopic": sched})
 
 
 def test_runtime_intake_needs_exactly_one_scheduling_input():
     ticks = "persistent://public/default/ticks"
-    assert scheduling_input(_context(["s", ticks]), {"tickTopic": ticks}) == ("persistent://public/default/s", False)
+    assert scheduling_input(["s", ticks], {"tickTopic": ticks}) == ("persistent://public/default/s", False)
     with pytest.raises(ValueError, match="exactly one scheduling input"):
-        scheduling_input(_context([ticks]), {"tickTopic": ticks})
+        scheduling_input([ticks], {"tickTopic": ticks})
     with pytest.raises(ValueError, match="exactly one scheduling input"):
-        scheduling_input(_context(["a", "b", ticks]), {"tickTopic": ticks})
+        scheduling_input(["a", "b", ticks], {"tickTopic": ticks})

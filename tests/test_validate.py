@@ -61,7 +61,26 @@ def test_shipped_config_is_valid(path: Path) -> None:
 
 
 def test_shipped_directory_is_valid() -> None:
-    assert validate_files([REPO / "function-configs"], _user_config_keys()) == []
+    from pulsar_lifecycle.function_registry import FUNCTION_CHECKS
+
+    assert validate_files([REPO / "function-configs"], _user_config_keys(), FUNCTION_CHECKS) == []
+
+
+def test_writer_values_and_inputs_are_checked(tmp_path: Path) -> None:
+    """The writer's own checks: its userConfig values, and direct intake's only-the-tick-topic rule."""
+    from pulsar_lifecycle.function_registry import FUNCTION_CHECKS
+
+    cfg = yaml.safe_load((REPO / "function-configs" / "bucket-snapshot-writer.yaml").read_text())
+    sched = cfg["userConfig"]["schedulingTopic"]
+    cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}  # also an input
+    cfg["userConfig"]["tickMode"] = "sometimes"
+    path = _write(tmp_path, cfg)
+    problems = validate_files([path], _user_config_keys(), FUNCTION_CHECKS)
+    assert "tickMode must be 'runner' or 'chain'" in _only(problems, "tickMode")
+    assert str(path) in _only(problems, "remove them from inputs")
+    del cfg["userConfig"]["schedulingTopic"]  # runtime intake: now the inputs are right
+    cfg["userConfig"]["tickMode"] = "chain"
+    assert validate_files([_write(tmp_path, cfg)], _user_config_keys(), FUNCTION_CHECKS) == []
 
 
 def test_base_config_is_valid() -> None:

@@ -123,14 +123,14 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
 def validate(files: Tuple[str, ...]) -> None:
     """Check function-config YAMLs as pulsar-admin functions create would (exit 1 on problems)."""
     from .config.validate import validate_files
-    from .function_registry import USER_CONFIG_KEYS
+    from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
 
-    problems = validate_files(list(files), user_config_keys=USER_CONFIG_KEYS)
+    problems = validate_files(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS)
     for line in problems:
         click.echo(line, err=True)
     if problems:
         sys.exit(1)
-    click.echo(f"{len(files)} config(s) OK")
+    click.echo(f"OK: {len(files)} path(s) checked")
 
 
 @main.command()

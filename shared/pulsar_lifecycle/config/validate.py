@@ -16,7 +16,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Collection, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .function_config import (
     BATCH_BUILDERS,
@@ -52,6 +52,7 @@ _CLASS_NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PY_URL_SCHEMES = ("http://", "https://", "file://", "function://")
 
 KeyPath = Tuple[Any, ...]
+FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -410,6 +411,7 @@ def _semantic_checks(
     report: _Report,
     cfg: Mapping[str, Any],
     user_config_keys: Optional[Mapping[str, Collection[str]]],
+    function_checks: Optional[Mapping[str, FunctionCheck]] = None,
 ) -> None:
     def get(key: str, t: _Type) -> Any:
         value = cfg.get(key)
@@ -581,6 +583,11 @@ def _semantic_checks(
                            f"userConfig key '{key}' is not read by {class_name}{hint}. "
                            f"Valid keys are [{', '.join(known)}]")
 
+    # --- the function class's own checks (values, inputs) --------------------------------
+    if function_checks is not None and class_name and class_name in function_checks:
+        for message in function_checks[class_name](cfg):
+            report.add(("userConfig",), f"{class_name}: {message}")
+
 
 # ----------------------------------------------------------------------------------------------
 
@@ -590,13 +597,14 @@ def _validate(
     path: str,
     user_config_keys: Optional[Mapping[str, Collection[str]]],
     lines: Mapping[KeyPath, int],
+    function_checks: Optional[Mapping[str, FunctionCheck]] = None,
 ) -> List[str]:
     report = _Report(path=path, lines=lines)
     if not isinstance(cfg, Mapping):
         report.add((), f"function config must be a mapping of field names, got {_type_name(cfg)}")
         return report.problems
     _check_object(report, (), cfg, FUNCTION)
-    _semantic_checks(report, cfg, user_config_keys)
+    _semantic_checks(report, cfg, user_config_keys, function_checks)
     return report.problems
 
 
@@ -604,14 +612,16 @@ def validate_config(
     cfg: Mapping[str, Any],
     path: str,
     user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
+    function_checks: Optional[Mapping[str, FunctionCheck]] = None,
 ) -> List[str]:
     """Check a loaded function config; return one line per problem, each starting with ``path``.
 
     ``user_config_keys`` maps a className to the userConfig keys that class reads; for a config
     whose className is in it, any other userConfig key is reported with the valid ones.
+    ``function_checks`` maps a className to its own checks (each message becomes a problem).
     An empty list means the config is accepted by ``pulsar-admin functions create`` for Python.
     """
-    return _validate(cfg, str(path), user_config_keys, {})
+    return _validate(cfg, str(path), user_config_keys, {}, function_checks)
 
 
 def _expand(paths: Iterable[Union[str, Path]]) -> List[Union[Path, str]]:
@@ -634,6 +644,7 @@ def _expand(paths: Iterable[Union[str, Path]]) -> List[Union[Path, str]]:
 def validate_files(
     paths: Iterable[Union[str, Path]],
     user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
+    function_checks: Optional[Mapping[str, FunctionCheck]] = None,
 ) -> List[str]:
     """Load and validate function config files (a directory means its *.yaml/*.yml files).
 
@@ -650,7 +661,7 @@ def validate_files(
         except FunctionConfigError as exc:
             problems.append(str(exc))
             continue
-        found = _validate(cfg, str(f), user_config_keys, lines)
+        found = _validate(cfg, str(f), user_config_keys, lines, function_checks)
         logger.info("validated function config %s: %d problem(s)", f, len(found))
         problems.extend(found)
     return problems

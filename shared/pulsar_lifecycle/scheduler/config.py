@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
+from ..dedup.publisher import normalize_topic
 
 # userConfig key -> (attribute, default, meaning). docs/configuration.md is generated from this.
 WRITER_KEYS: Dict[str, tuple] = {
@@ -129,3 +130,45 @@ def parse_writer_config(user_config: Optional[Mapping[str, Any]], topic: str = "
         else:
             raise ValueError(f"unknown userConfig key {key!r} for BucketSnapshotWriter; valid keys: {all_user_config_keys()}")
     return WriterConfig(bucket=BucketConfig(**bucket), **writer)
+
+
+def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tuple[str, bool]:
+    """(scheduling topic, direct intake?) from the function's inputs and userConfig.
+
+    Direct intake (`schedulingTopic` set): the function's only input is the tick topic, which
+    starts the function. Runtime intake: exactly one input besides the tick topic.
+    """
+    inputs = [normalize_topic(t) for t in input_topics]
+    tick = normalize_topic(str(user["tickTopic"])) if user.get("tickTopic") else ""
+    others = [t for t in inputs if t != tick]
+    if user.get("schedulingTopic"):
+        topic = normalize_topic(str(user["schedulingTopic"]))
+        if not tick or tick not in inputs:
+            raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
+                             "function's input: ticks start the function and wake it after a restart")
+        if others:
+            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
+                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
+        return topic, True
+    if len(others) != 1:
+        raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic (or userConfig "
+                         f"schedulingTopic for direct intake), got {others}")
+    return others[0], False
+
+
+def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
+    """What `validate` can tell about a BucketSnapshotWriter config beyond field types: values
+    of known userConfig keys (unknown keys are reported by the key check) and the inputs."""
+    user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
+    known = {k: v for k, v in user.items() if k in WRITER_KEYS or k in bucket_keys()}
+    inputs: List[str] = [t for t in (cfg.get("inputs") or []) if isinstance(t, str)]
+    for key in ("inputSpecs", "customSerdeInputs"):
+        if isinstance(cfg.get(key), Mapping):
+            inputs += [t for t in cfg[key] if isinstance(t, str)]
+    problems = []
+    for check in (lambda: parse_writer_config(known), lambda: scheduling_input(inputs, known)):
+        try:
+            check()
+        except (ValueError, TypeError) as exc:
+            problems.append(str(exc))
+    return problems

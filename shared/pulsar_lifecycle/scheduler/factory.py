@@ -4,12 +4,12 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
-from typing import IO, Any, List, Tuple
+from typing import IO, Any, List
 
 from ..bucket import BucketIndex
 from ..bucket.storage_dir import DirectorySnapshotStorage
-from ..dedup.publisher import DedupPublisher, normalize_topic
-from .config import WriterConfig, parse_writer_config
+from ..dedup.publisher import DedupPublisher
+from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
@@ -51,34 +51,10 @@ def lock_exclusively(path: Path) -> IO[str]:
     return fh  # the flock lasts while this file stays open (and ends with the process)
 
 
-def scheduling_input(context: Any, user: dict) -> Tuple[str, bool]:
-    """(scheduling topic, direct intake?) from the function's inputs and userConfig.
-
-    Direct intake (`schedulingTopic` set): the function's only input is the tick topic, which
-    starts the function. Runtime intake: exactly one input besides the tick topic.
-    """
-    inputs = [normalize_topic(t) for t in context.get_input_topics()]
-    tick = normalize_topic(user["tickTopic"]) if user.get("tickTopic") else ""
-    others = [t for t in inputs if t != tick]
-    if user.get("schedulingTopic"):
-        topic = normalize_topic(str(user["schedulingTopic"]))
-        if not tick or tick not in inputs:
-            raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
-                             "function's input: ticks start the function and wake it after a restart")
-        if others:
-            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
-                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
-        return topic, True
-    if len(others) != 1:
-        raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic (or userConfig "
-                         f"schedulingTopic for direct intake), got {others}")
-    return others[0], False
-
-
 def build_service(context: Any) -> SchedulerService:
     """Everything the function needs, built from userConfig and the function's identity."""
     user = dict(context.get_user_config_map() or {})
-    scheduling, direct = scheduling_input(context, user)
+    scheduling, direct = scheduling_input(context.get_input_topics(), user)
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     cfg = parse_writer_config(user, topic=scheduling, cursor=fqfn)
     default_target = context.get_output_topic()
