@@ -330,10 +330,7 @@ class DedupPublisher:
         `callback(PublishResult)` runs once the fate is known: PERSISTED, DUPLICATE (for a dropped
         id, once everything up to it is persisted) or FAILED.
         """
-        check_sequence_id(sequence_id, allow_zero=False)  # pulsar-client ignores 0 (truthiness)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-        props = self._message_properties(properties, sequence_id)
+        props = self._checked_message(payload, sequence_id, properties)
         if self._closed:
             raise PublishError(f"publisher {self.producer_name} is closed")
         ch = self._channel_for(topic)
@@ -344,9 +341,7 @@ class DedupPublisher:
         with ch.publish_lock:
             with ch.cond:
                 if ch.failed is not None:
-                    raise PublishError(
-                        f"topic {ch.topic} producer {name}: channel failed at sequence id {ch.failed_seq}: {ch.failed}"
-                    )
+                    raise self._channel_failed(ch)
                 if not ch.seqmap.should_publish(name, sequence_id):
                     ch.duplicates += 1
                     if sequence_id <= ch.seqmap.highest_persisted(name):
@@ -410,14 +405,10 @@ class DedupPublisher:
             try:
                 for m in messages:
                     seq = m.sequence_id
-                    check_sequence_id(seq, allow_zero=False)
-                    if not isinstance(m.payload, (bytes, bytearray, memoryview)):
-                        raise TypeError(f"payload must be bytes, got {type(m.payload).__name__}")
-                    props = self._message_properties(m.properties, seq)
+                    props = self._checked_message(m.payload, seq, m.properties)
                     with ch.cond:
                         if ch.failed is not None:
-                            raise PublishError(f"topic {ch.topic} producer {name}: channel failed at sequence id "
-                                               f"{ch.failed_seq}: {ch.failed}")
+                            raise self._channel_failed(ch)
                         if not ch.seqmap.should_publish(name, seq):
                             ch.duplicates += 1
                             outcomes.append(Outcome.DUPLICATE)
@@ -427,10 +418,8 @@ class DedupPublisher:
                         ch.pending.append(pending)
                         ch.outstanding += 1
                         ch.untracked += 0 if pending.tracked else 1
-                        if pending.tracked and held is not None and not held[0].tracked:
-                            # Close the group before a message that may fail on its own.
-                            held[0].tracked = True
-                            ch.untracked -= 1
+                    if pending.tracked and held is not None:
+                        self._track(ch, held[0])  # close the group before a message that may fail alone
                     outcomes.append(Outcome.SENT)
                     if held is not None:
                         self._send_held(ch, *held)
@@ -446,7 +435,7 @@ class DedupPublisher:
                         except PublishError:
                             pass  # stranded, channel failed; the original error is the one to raise
                     else:
-                        self._strand(ch, held[0])
+                        self._strand(ch, held[0], "publish_many aborted before this send")
                 raise
             if held is not None:
                 self._track(ch, held[0])
@@ -461,16 +450,18 @@ class DedupPublisher:
                 pending.tracked = True
                 ch.untracked -= 1
 
-    def _strand(self, ch: _Channel, pending: _Pending) -> None:
-        """A send that will never complete: out of the in-flight count; the watermark stops there."""
+    def _strand(self, ch: _Channel, pending: _Pending, reason: str) -> None:
+        """`pending`, and the untracked sends it would have completed, will never complete: fail
+        the channel and take them out of the in-flight count (the watermark stops there)."""
         with ch.cond:
             if ch.failed is None:
-                ch.failed, ch.failed_seq = "publish_many aborted before this send", pending.seq
-            if not pending.stranded and not pending.done:
-                pending.stranded = True
-                ch.outstanding -= 1
-                if not pending.tracked:
-                    ch.untracked -= 1
+                ch.failed, ch.failed_seq = reason, pending.seq
+            for p in [p for p in ch.pending if p is pending or not p.tracked]:
+                if not p.stranded and not p.done:
+                    p.stranded = True
+                    ch.outstanding -= 1
+                    if not p.tracked:
+                        ch.untracked -= 1
             ch.cond.notify_all()
 
     def _send_held(self, ch: _Channel, pending: _Pending, m: OutMessage, props: Dict[str, str]) -> None:
@@ -480,17 +471,7 @@ class DedupPublisher:
             ch.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
                                    sequence_id=m.sequence_id, event_timestamp=m.event_timestamp)
         except Exception as exc:
-            with ch.cond:
-                if ch.failed is None:
-                    ch.failed, ch.failed_seq = f"send raised: {exc}", pending.seq
-                # Nothing will complete this send or the ones handed over without a callback.
-                stranded = [p for p in ch.pending if p is pending or (not p.tracked and not p.done and not p.stranded)]
-                for p in stranded:
-                    p.stranded = True
-                    if not p.tracked:
-                        ch.untracked -= 1
-                ch.outstanding -= len(stranded)
-                ch.cond.notify_all()
+            self._strand(ch, pending, f"send raised: {exc}")
             log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", ch.topic, self.producer_name,
                       pending.seq, exc)
             raise PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
@@ -501,10 +482,23 @@ class DedupPublisher:
         """Raise PublishError if a send on any topic failed (the channel then refuses publishes)."""
         for ch in list(self._channels.values()):
             if ch.failed is not None:
-                raise PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
-                                   f"{ch.failed_seq} failed: {ch.failed}")
+                raise self._send_failed(ch)
 
-    def _message_properties(self, properties: Optional[Mapping[str, str]], seq: int) -> Dict[str, str]:
+    def _channel_failed(self, ch: _Channel) -> PublishError:
+        """The error for a publish on a channel that failed earlier."""
+        return PublishError(f"topic {ch.topic} producer {self.producer_name}: channel failed at sequence id "
+                            f"{ch.failed_seq}: {ch.failed}")
+
+    def _send_failed(self, ch: _Channel) -> PublishError:
+        """The error reporting the send that failed the channel."""
+        return PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
+                            f"{ch.failed_seq} failed: {ch.failed}")
+
+    def _checked_message(self, payload: object, seq: int, properties: Optional[Mapping[str, str]]) -> Dict[str, str]:
+        """Check one message's id, payload and properties; its properties with the dedup ones added."""
+        check_sequence_id(seq, allow_zero=False)  # pulsar-client ignores 0 (truthiness)
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
         props: Dict[str, str] = {}
         for k, v in (properties or {}).items():
             if not isinstance(k, str) or not isinstance(v, str):
@@ -668,9 +662,7 @@ class DedupPublisher:
                     ch.cond.wait(remaining if remaining is None else min(remaining, 1.0))
             self._write_due_snapshot(ch)
             if ch.failed is not None:
-                raise PublishError(
-                    f"topic {ch.topic} producer {self.producer_name}: send of sequence id {ch.failed_seq} failed: {ch.failed}"
-                )
+                raise self._send_failed(ch)
 
     def close(self, timeout_s: Optional[float] = 30.0) -> None:
         """Flush, write a final snapshot per topic and close the producers (not the client)."""

@@ -195,11 +195,6 @@ class SchedulerService:
             res.close()
 
     # -- intake ----------------------------------------------------------------------------------
-    @property
-    def direct_intake(self) -> bool:
-        """True when the service consumes the scheduling topic itself (schedulingTopic set)."""
-        return self._source_factory is not None
-
     def submit(self, pending: Pending) -> None:
         """Queue one classified message (runtime intake, called from process()); blocks when full."""
         if not self._queue.submit(pending):
