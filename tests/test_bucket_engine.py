@@ -431,6 +431,7 @@ def test_committed_cancelled_tombstones_are_pruned():
     ix.cancel(1, 1)
     got = drain(ix)
     assert [r.cancelled for r in got] == [False, True, False]
+    assert ix.cancel(1, 1) == CancelResult.ALREADY_RELEASED  # released flagged, tombstone not yet pruned
     ix.commit(got[-1].seq)
     assert len(ix._tombstones) == 0
 

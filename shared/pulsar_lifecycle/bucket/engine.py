@@ -572,10 +572,11 @@ class BucketIndex:
             self._check_usable()
             with self._lock:
                 seen = self._seen.contains(ledger_id, entry_id)
-                if self._tombstones.contains(ledger_id, entry_id):
-                    return CancelResult.ALREADY_CANCELLED
+                # Released (flagged, if cancelled) wins over a tombstone kept until the commit.
                 if seen and not self._pending.contains(ledger_id, entry_id):
                     return CancelResult.ALREADY_RELEASED
+                if self._tombstones.contains(ledger_id, entry_id):
+                    return CancelResult.ALREADY_CANCELLED
             try:
                 rid = self.storage.journal_append(encode_journal_cancel(ledger_id, entry_id))
             except Exception as exc:
