@@ -151,15 +151,13 @@ class ScanStateDir:
         return path
 
     def records(self) -> List[ScanRecord]:
-        """Every committed scan, oldest first; a damaged record or a missing/resized file is a
-        ScanStateError (the operator must look: a silent skip could hide a lost disk)."""
+        """Every committed scan, oldest first; a damaged record is a ScanStateError (the operator
+        must look: a silent skip could hide a lost disk)."""
         out: List[ScanRecord] = []
         for entry in sorted(self.scans.iterdir()):
             if not _RECORD_NAME.match(entry.name):
                 continue
-            rec = ScanRecord.from_json(entry.read_bytes(), str(entry))
-            self.verify_files(rec)
-            out.append(rec)
+            out.append(ScanRecord.from_json(entry.read_bytes(), str(entry)))
         return out
 
     def verify_files(self, rec: ScanRecord) -> None:
@@ -175,11 +173,14 @@ class ScanStateDir:
                                      f"the record says {size}")
 
     def confirming_scan(self, started_ms: int, confirm_after_ms: int, exclude: str = "") -> Optional[ScanRecord]:
-        """The newest committed scan that started at least `confirm_after_ms` before `started_ms`."""
+        """The newest committed scan that started at least `confirm_after_ms` before `started_ms`;
+        ScanStateError when its files are missing or not the size recorded."""
         best: Optional[ScanRecord] = None
         for rec in self.records():
             if rec.scan_id != exclude and rec.started_ms <= started_ms - confirm_after_ms:
                 best = rec
+        if best is not None:
+            self.verify_files(best)
         return best
 
     def discard(self, scan_id: str) -> None:
