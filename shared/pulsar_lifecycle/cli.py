@@ -157,7 +157,8 @@ def _register_optional_groups() -> None:
     # Feature groups live with their features; a missing one must not break the others.
     import importlib
 
-    for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo")):
+    for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo"),
+                         ("pulsar_lifecycle.spark.cli", "spark")):
         try:
             cmd = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError):
