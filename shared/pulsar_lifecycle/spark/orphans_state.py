@@ -6,8 +6,8 @@ and the driver see at the same path):
     scans/<scan id>.json        the commit record: times, counts, and each Parquet file's size
 
 A scan counts only once its record exists and every file it names has the recorded size. The
-record is written last, with checked writes: every os.write is looped and its length checked,
-the file fsynced, renamed into place, the directory fsynced, and the bytes read back and
+record is written last, with checked writes (durable.atomic_write: every os.write looped and
+checked, the file fsynced, renamed into place, the directory fsynced), then read back and
 compared. Spark's files are fsynced and their row count read back before the record is written.
 So a crash or a full disk leaves no record, and a scan without a record confirms nothing.
 """
@@ -21,6 +21,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
+
+from ..durable import atomic_write, fsync_dir, fsync_fd
 
 log = logging.getLogger(__name__)
 
@@ -67,31 +69,10 @@ def new_scan_id(started_ms: int) -> str:
     return f"{started_ms:013d}-{os.urandom(4).hex()}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def checked_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` durably and verify it: loop on short writes, fsync, rename,
-    fsync the directory, read back and compare. Any OSError (ENOSPC included) propagates."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            if n <= 0:
-                raise OSError(f"write to {tmp} returned {n}")
-            view = view[n:]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    """Replace `path` with `data` durably (durable.atomic_write: looped writes, fsync, rename,
+    directory fsync) and read it back: a record that does not read back as written is an error."""
+    atomic_write(path, data)
     if path.read_bytes() != data:
         raise OSError(f"{path}: read-back differs from what was written")
 
@@ -126,13 +107,13 @@ class ScanStateDir:
                 if entry.is_file() and not entry.name.startswith("."):
                     fd = os.open(entry, os.O_RDONLY)
                     try:
-                        os.fsync(fd)
+                        fsync_fd(fd, entry)
                     finally:
                         os.close(fd)
                     files[entry.name] = entry.stat().st_size
-            _fsync_dir(staging)
+            fsync_dir(staging)
             os.replace(staging, final)
-            _fsync_dir(self.scans)
+            fsync_dir(self.scans)
         except OSError as exc:
             raise ScanStateError(f"cannot make scan {scan_id}'s candidates durable: {exc}") from exc
         if "_SUCCESS" not in files:
