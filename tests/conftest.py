@@ -12,6 +12,8 @@ from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
+pytest_plugins = ["spark_fixtures"]
+
 
 @pytest.fixture(scope="session")
 def broker(tmp_path_factory):

@@ -11,6 +11,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from pyroaring import BitMap
 
 from pulsar_lifecycle.bucket import BucketConfig, DelayedMessage
+from pulsar_lifecycle.bucket.records import index_id
 from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps, deserialize_bitmap, serialize_bitmap
 from pulsar_lifecycle.bucket.codec import (
     DelayedIndex,
@@ -124,7 +125,12 @@ def test_protos_round_trip():
     none = DelayedMessage(1, 2, -1, 5, b"")
     assert decode_item(encode_item(none, 5))[1] == none
     seg = SnapshotSegment.FromString(join_blobs([blob, encode_item(none, 6)]))
-    assert [i.entry_id for i in seg.indexes] == [12, 2]
+    # entry_id holds the real entry id (index id >> 10), the batch index is field 107
+    assert [(i.entry_id, i.batch_index) for i in seg.indexes] == [(0, 12), (0, 2)]
+    batched = DelayedMessage(3, index_id(70_000, 5), -1, 5, b"b")
+    idx = DelayedIndex.FromString(encode_item(batched, 5))
+    assert (idx.entry_id, idx.batch_index) == (70_000, 5)
+    assert decode_item(idx.SerializeToString())[0] == (5, 3, index_id(70_000, 5))
     meta = SnapshotMetadata(metadata_list=[SnapshotSegmentMetadata(
         delayed_index_bit_map={7: serialize_bitmap(BitMap([1, 2]))}, max_schedule_timestamp=9,
         min_schedule_timestamp=3)])
@@ -155,7 +161,7 @@ def test_extension_fields_do_not_collide_and_pulsar_parser_reads_the_key():
     pool = descriptor_pool.DescriptorPool()
     pool.Add(fdp)
     PulsarIndex = message_factory.GetMessageClass(pool.FindMessageTypeByName("pulsar.delay.DelayedIndex"))
-    blob = encode_item(DelayedMessage(5, 6, 1, 100, b"payload", properties={"x": "y"}, target="t"), 123)
+    blob = encode_item(DelayedMessage(5, index_id(6, 3), 1, 100, b"payload", properties={"x": "y"}, target="t"), 123)
     theirs = PulsarIndex.FromString(blob)
     assert (theirs.timestamp, theirs.ledger_id, theirs.entry_id) == (123, 5, 6)
     assert theirs.IsInitialized()
@@ -211,16 +217,22 @@ def test_cut_matches_pulsar_rule_on_mixed_input():
 
 
 def test_segment_metadata_has_per_ledger_bitmaps_of_its_own_indexes():
-    items = [item(10, 1, 5), item(11, 2, 7), item(12, 1, 6), item(500, 1, 9)]
+    # index ids: ledger 1 entry 5 batch 0 and 2, entry 6 unbatched; ledger 2 entry 7 batch 1
+    items = [item(10, 1, index_id(5, 0)), item(10, 1, index_id(5, 2)), item(11, 2, index_id(7, 1)),
+             item(12, 1, index_id(6, -1)), item(500, 1, index_id(9, 0))]
     segs = cut_segments(items, 100, -1)
     meta = snapshot_metadata(segs)
     first = meta.metadata_list[0]
     assert (first.min_schedule_timestamp, first.max_schedule_timestamp) == (10, 12)
+    # Pulsar's map: real entry ids; our extension: one bit per message (index ids)
     assert deserialize_bitmap(first.delayed_index_bit_map[1]) == BitMap([5, 6])
     assert deserialize_bitmap(first.delayed_index_bit_map[2]) == BitMap([7])
+    assert deserialize_bitmap(first.index_id_bit_map[1]) == BitMap([index_id(5, 0), index_id(5, 2), index_id(6, 0)])
+    assert deserialize_bitmap(first.index_id_bit_map[2]) == BitMap([index_id(7, 1)])
     assert dict(meta.metadata_list[1].delayed_index_bit_map).keys() == {1}
     seg = SnapshotSegment.FromString(segs[0].data)
-    assert [(i.timestamp, i.ledger_id, i.entry_id) for i in seg.indexes] == [(10, 1, 5), (11, 2, 7), (12, 1, 6)]
+    assert [(i.timestamp, i.ledger_id, i.entry_id, i.batch_index) for i in seg.indexes] == [
+        (10, 1, 5, 0), (10, 1, 5, 2), (11, 2, 7, 1), (12, 1, 6, 0)]
 
 
 def test_cutter_rejects_bad_input():

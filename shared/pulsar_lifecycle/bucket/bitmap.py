@@ -10,6 +10,14 @@ from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
 
 from pyroaring import BitMap
 
+from .records import BATCH_BITS
+
+
+def entry_bitmap(index_ids: BitMap) -> BitMap:
+    """The real entry ids (`id >> BATCH_BITS`) of a bitmap of index ids: the bitmap Pulsar's
+    containsMessage(ledgerId, entryId) reads."""
+    return BitMap(v >> BATCH_BITS for v in index_ids)
+
 
 def serialize_bitmap(bitmap: BitMap) -> bytes:
     """Portable bytes of `bitmap` after run_optimize (Pulsar: runOptimize + serialize)."""

@@ -1,10 +1,16 @@
 """Encoding between DelayedMessage and the PIP-195 protobufs.
 
-Inside the engine an item is a tuple (ts, ledger_id, entry_id, framed) where `framed` is the
+Inside the engine an item is a tuple (ts, ledger_id, index_id, framed) where `framed` is the
 serialized `pulsar.delay.DelayedIndex` (release key + our extension fields) already framed as
 one element of a repeated field 1. A SnapshotSegment and a journal add-record are both just
 framed items joined, so items move between the journal, the mutable bucket and snapshots
 without re-encoding.
+
+Index-id layouts. The engine keys items by index id (`entry << 10 | batchIndex`, records.py).
+Layout 2 (current) writes what Pulsar means: `DelayedIndex.entry_id` is the real entry id and
+the batch index goes into extension field `batch_index` (107), always written; layout 1 (before)
+wrote the index id into `entry_id` and had no field 107. Readers here accept both: the absence
+of field 107 marks a layout-1 index, whose `entry_id` is taken as the index id.
 """
 from __future__ import annotations
 
@@ -15,9 +21,9 @@ from google.protobuf.message import DecodeError
 from .proto import BucketIndexState_pb2 as state_pb2
 from .proto import DelayedMessageIndexBucketMetadata_pb2 as metadata_pb2
 from .proto import DelayedMessageIndexBucketSegment_pb2 as segment_pb2
-from .records import DelayedMessage, ReleaseKey
+from .records import BATCH_BITS, DelayedMessage, ReleaseKey, split_index_id
 
-Item = Tuple[int, int, int, bytes]  # (ts, ledger_id, entry_id, framed serialized DelayedIndex)
+Item = Tuple[int, int, int, bytes]  # (ts, ledger_id, index_id, framed serialized DelayedIndex)
 
 DelayedIndex = segment_pb2.DelayedIndex
 SnapshotSegment = segment_pb2.SnapshotSegment
@@ -53,11 +59,14 @@ def frame(blob: bytes) -> bytes:
 
 
 def encode_item(message: DelayedMessage, ts: int) -> bytes:
-    """Serialized DelayedIndex for `message` with release-key timestamp `ts`."""
+    """Serialized DelayedIndex for `message` with release-key timestamp `ts` (layout 2: the real
+    entry id in `entry_id`, the batch index in `batch_index`)."""
+    entry_id, batch_index = split_index_id(message.entry_id)
     idx = DelayedIndex(
         timestamp=ts,
         ledger_id=message.ledger_id,
-        entry_id=message.entry_id,
+        entry_id=entry_id,
+        batch_index=batch_index,
         deliver_at=message.deliver_at,
         payload=bytes(message.payload),
         partition=message.partition,
@@ -73,12 +82,41 @@ def encode_item(message: DelayedMessage, ts: int) -> bytes:
     return idx.SerializeToString()
 
 
+def index_id_of(idx: "segment_pb2.DelayedIndex") -> int:
+    """The index id of a decoded DelayedIndex, of either layout."""
+    if idx.HasField("batch_index"):
+        return (idx.entry_id << BATCH_BITS) | idx.batch_index
+    return idx.entry_id  # layout 1: entry_id holds the index id
+
+
+def index_key(idx: "segment_pb2.DelayedIndex") -> ReleaseKey:
+    """The release key (timestamp, ledger_id, index_id) of a decoded DelayedIndex."""
+    if idx.HasField("batch_index"):
+        return (idx.timestamp, idx.ledger_id, (idx.entry_id << BATCH_BITS) | idx.batch_index)
+    return (idx.timestamp, idx.ledger_id, idx.entry_id)
+
+
+def upgrade_index(idx: "segment_pb2.DelayedIndex") -> bool:
+    """Rewrite a layout-1 DelayedIndex in place to layout 2; True when it changed."""
+    if idx.HasField("batch_index"):
+        return False
+    idx.entry_id, idx.batch_index = split_index_id(idx.entry_id)
+    return True
+
+
+def upgrade_blob(blob: bytes) -> bytes:
+    """A serialized DelayedIndex in layout 2 (the same bytes when it already is)."""
+    idx = parse(DelayedIndex, blob, "DelayedIndex")
+    return idx.SerializeToString() if upgrade_index(idx) else bytes(blob)
+
+
 def index_to_message(idx: "segment_pb2.DelayedIndex") -> DelayedMessage:
-    """The DelayedMessage an index carries. An index written by Pulsar itself (no extension
-    fields) yields an empty payload with deliver_at = timestamp and partition -1."""
+    """The DelayedMessage an index carries (`entry_id` = its index id). An index written by
+    Pulsar itself (no extension fields) yields an empty payload with deliver_at = timestamp and
+    partition -1."""
     return DelayedMessage(
         ledger_id=idx.ledger_id,
-        entry_id=idx.entry_id,
+        entry_id=index_id_of(idx),
         partition=idx.partition if idx.HasField("partition") else -1,
         deliver_at=idx.deliver_at if idx.HasField("deliver_at") else idx.timestamp,
         payload=idx.payload,
@@ -92,12 +130,23 @@ def index_to_message(idx: "segment_pb2.DelayedIndex") -> DelayedMessage:
 def decode_item(blob: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
     """(release key, message) of a serialized DelayedIndex."""
     idx = parse(DelayedIndex, blob, "DelayedIndex")
-    return (idx.timestamp, idx.ledger_id, idx.entry_id), index_to_message(idx)
+    return index_key(idx), index_to_message(idx)
 
 
 def encode_framed(message: DelayedMessage, ts: int) -> bytes:
     """frame(encode_item(message, ts)): the item bytes stored in segments and the journal."""
     return frame(encode_item(message, ts))
+
+
+def release_ts(deliver_at: int, floor: int) -> int:
+    """The release-key timestamp of an item added while `floor` is the lowest allowed one
+    (last released ts + 1, or the durable horizon + 1 after a restart; 1 on a fresh index)."""
+    return deliver_at if deliver_at > floor else floor
+
+
+def make_item(message: DelayedMessage, ts: int) -> Item:
+    """The engine's item for `message` with release-key timestamp `ts`: (ts, ledger, entry, framed)."""
+    return (ts, message.ledger_id, message.entry_id, encode_framed(message, ts))
 
 
 def decode_framed(framed: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
@@ -106,7 +155,7 @@ def decode_framed(framed: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
     if len(seg.indexes) != 1:
         raise CorruptRecordError(f"framed item holds {len(seg.indexes)} indexes, expected 1")
     idx = seg.indexes[0]
-    return (idx.timestamp, idx.ledger_id, idx.entry_id), index_to_message(idx)
+    return index_key(idx), index_to_message(idx)
 
 
 def parse(cls, data: bytes, what: str):
@@ -127,8 +176,19 @@ def parse_segment(data: bytes, what: str = "SnapshotSegment") -> "segment_pb2.Sn
 
 
 def segment_items(segment: "segment_pb2.SnapshotSegment") -> List[Item]:
-    """A decoded segment's indexes as engine items (re-serialized and framed, key order kept)."""
-    return [(i.timestamp, i.ledger_id, i.entry_id, frame(i.SerializeToString())) for i in segment.indexes]
+    """A decoded segment's indexes as engine items (re-serialized in layout 2 and framed, key
+    order kept)."""
+    out = []
+    for i in segment.indexes:
+        upgrade_index(i)
+        out.append(index_item(i))
+    return out
+
+
+def index_item(idx: "segment_pb2.DelayedIndex") -> Item:
+    """A decoded layout-2 DelayedIndex as an engine item."""
+    return (idx.timestamp, idx.ledger_id, (idx.entry_id << BATCH_BITS) | idx.batch_index,
+            frame(idx.SerializeToString()))
 
 
 def join_blobs(blobs: Iterable[bytes]) -> bytes:

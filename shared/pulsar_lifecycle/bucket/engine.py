@@ -46,15 +46,21 @@ from .codec import (
     ReleaseCursor,
     SnapshotMetadata,
     decode_framed,
-    encode_framed,
+    make_item,
+    release_ts,
     encode_journal_cancel,
     frame,
+    index_id_of,
+    index_item,
+    index_key,
     index_to_message,
     parse,
+    upgrade_index,
     parse_segment,
 )
 from .config import BucketConfig
 from .keys import bucket_key
+from .manifest import MANIFEST_FORMAT_VERSION, bucket_ref, manifest_bytes
 from .merge_policy import select_merge_window
 from .metrics import OpMetrics
 from .records import (
@@ -67,12 +73,12 @@ from .records import (
     Release,
     ReleaseKey,
 )
+from .sealing import pulsar_seal_due
 from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata
 from .storage import BucketSnapshotStorage, StorageError
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FORMAT_VERSION = 1
 _PLACEHOLDER = -1  # ledger id of a heap head whose segment is not loaded (sorts first at equal ts)
 
 ObsoleteCallback = Callable[[int, str], None]
@@ -123,14 +129,8 @@ class _Bucket:
         return self.cur >= len(self.seg_min)
 
     def ref(self) -> "BucketRef":
-        return BucketRef(
-            bucket_id=self.bucket_id,
-            bucket_key=self.key,
-            start_ledger_id=self.start_ledger,
-            end_ledger_id=self.end_ledger,
-            snapshot_length=self.snapshot_length,
-            index_count=self.index_count,
-        )
+        return bucket_ref(self.bucket_id, self.key, self.start_ledger, self.end_ledger,
+                          self.snapshot_length, self.index_count)
 
 
 def _seg_arrays(segments: Sequence[CutSegment]) -> Tuple[array, array, array]:
@@ -141,8 +141,7 @@ def _seg_arrays(segments: Sequence[CutSegment]) -> Tuple[array, array, array]:
     )
 
 
-def _key_of(idx) -> ReleaseKey:
-    return (idx.timestamp, idx.ledger_id, idx.entry_id)
+_key_of = index_key  # (timestamp, ledger_id, index_id) of a decoded DelayedIndex, either layout
 
 
 def _first_after(seg, key: Optional[ReleaseKey]) -> int:
@@ -347,7 +346,10 @@ class BucketIndex:
         counts = array("Q")
         for i, sm in enumerate(meta.metadata_list):
             per_ledger = {}
-            for ledger, data in sm.delayed_index_bit_map.items():
+            # Layout 2 keeps one bit per message in the extension map (the Pulsar map holds entry
+            # ids); in layout 1 the Pulsar map itself held index ids.
+            id_map = sm.index_id_bit_map if len(sm.index_id_bit_map) else sm.delayed_index_bit_map
+            for ledger, data in id_map.items():
                 try:
                     per_ledger[ledger] = deserialize_bitmap(data)
                 except ValueError as exc:
@@ -395,7 +397,7 @@ class BucketIndex:
         seg = bucket.seg
         loaded: Dict[int, List[int]] = {}
         for idx in seg.indexes[bucket.pos:]:
-            loaded.setdefault(idx.ledger_id, []).append(idx.entry_id)
+            loaded.setdefault(idx.ledger_id, []).append(index_id_of(idx))
         for ledger, entries in loaded.items():
             self._pending.add_many(ledger, entries)
         bucket.remaining = len(seg.indexes) - bucket.pos
@@ -408,8 +410,7 @@ class BucketIndex:
             self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
         if bucket.cur == n - 1:
             bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
-        head = seg.indexes[bucket.pos]
-        heapq.heappush(self._heap, (head.timestamp, head.ledger_id, head.entry_id, bid))
+        heapq.heappush(self._heap, (*index_key(seg.indexes[bucket.pos]), bid))
         return bucket
 
     def _replay_journal(self, records: List[Tuple[int, bytes]], counters: Dict[str, int]) -> int:
@@ -428,7 +429,7 @@ class BucketIndex:
                 # The add field is wire-identical to SnapshotSegment.indexes: decode all at once.
                 indexes = parse_segment(raw, f"journal record {rid} items").indexes
                 for idx, blob in zip(indexes, rec.add):
-                    ledger, entry = idx.ledger_id, idx.entry_id
+                    ledger, entry = idx.ledger_id, index_id_of(idx)
                     # The manifest's seen-set may already hold journal items (any manifest write
                     # after the last seal includes them); within the journal the first record wins.
                     if (ledger, entry) in replayed:
@@ -438,7 +439,8 @@ class BucketIndex:
                     key = (idx.timestamp, ledger, entry)
                     if w is not None and key <= w:
                         continue  # released and committed before the restart
-                    self._mheap.append((key[0], ledger, entry, frame(blob)))
+                    # A layout-1 record is rewritten in layout 2 here, so the next seal writes it so.
+                    self._mheap.append(index_item(idx) if upgrade_index(idx) else (key[0], ledger, entry, frame(blob)))
                     pending.setdefault(ledger, []).append(entry)
             for op in rec.cancel:
                 self._tombstones.add(op.ledger_id, op.entry_id)
@@ -504,13 +506,13 @@ class BucketIndex:
         return results
 
     def _pulsar_seal_due(self, ledger: int, mutable_end: int, mutable_count: int) -> bool:
-        # Pulsar's rule: a message of a newer ledger, no immutable bucket covering it, and the
-        # mutable bucket holding >= delayedDeliveryMinIndexCountPerBucket indexes.
-        if mutable_count == 0 or ledger <= mutable_end:
+        # Pulsar's rule (sealing.py); the coverage scan only runs when the count rule holds.
+        if mutable_count == 0 or ledger <= mutable_end \
+                or mutable_count < self.config.delayed_delivery_min_index_count_per_bucket:
             return False
-        if mutable_count < self.config.delayed_delivery_min_index_count_per_bucket:
-            return False
-        return not any(b.start_ledger <= ledger <= b.end_ledger for b in self._buckets)
+        return pulsar_seal_due(ledger, mutable_end, mutable_count,
+                               self.config.delayed_delivery_min_index_count_per_bucket,
+                               covered=any(b.start_ledger <= ledger <= b.end_ledger for b in self._buckets))
 
     def _flush(self, batch: List[Tuple[int, DelayedMessage]], results: List[bool]) -> None:
         """Journal a batch, then make it visible to pop_due."""
@@ -525,8 +527,7 @@ class BucketIndex:
             items = []
             by_ledger: Dict[int, List[int]] = {}
             for _, m in batch:
-                ts = m.deliver_at if m.deliver_at > floor else floor
-                items.append((ts, m.ledger_id, m.entry_id, encode_framed(m, ts)))
+                items.append(make_item(m, release_ts(m.deliver_at, floor)))
                 entries = by_ledger.get(m.ledger_id)
                 if entries is None:
                     by_ledger[m.ledger_id] = [m.entry_id]
@@ -718,7 +719,7 @@ class BucketIndex:
         if k == bucket.nseg - 1:
             bucket.last_key = _key_of(bucket.seg.indexes[len(bucket.seg.indexes) - 1])
         head = bucket.seg.indexes[bucket.pos]
-        heapq.heappush(self._heap, (head.timestamp, head.ledger_id, head.entry_id, bucket.bucket_id))
+        heapq.heappush(self._heap, (*index_key(head), bucket.bucket_id))
 
     def _read_segment(self, bucket: _Bucket, k: int) -> Optional[bytes]:
         t0 = time.monotonic()
@@ -733,18 +734,9 @@ class BucketIndex:
 
     # ---------------------------------------------------------------------- manifest --------
     def _manifest_bytes(self, buckets: Sequence[_Bucket], journal_cut: int) -> bytes:
-        man = Manifest(
-            format_version=MANIFEST_FORMAT_VERSION,
-            buckets=[b.ref() for b in buckets],
-            journal_cut=journal_cut,
-            max_bucket_id=max([self._max_bucket_id] + [b.bucket_id for b in buckets]),
-            pending_delete=sorted(self._pending_delete),
-        )
-        for ledger, data in self._seen.to_proto_map().items():
-            man.seen[ledger] = data
-        for ledger, data in self._tombstones.to_proto_map().items():
-            man.tombstones[ledger] = data
-        return man.SerializeToString()
+        return manifest_bytes([b.ref() for b in buckets], seen=self._seen, tombstones=self._tombstones,
+                              journal_cut=journal_cut, max_bucket_id=self._max_bucket_id,
+                              pending_delete=self._pending_delete)
 
     def _write_manifest(self, buckets: Sequence[_Bucket], journal_cut: Optional[int] = None) -> None:
         with self._lock:
@@ -861,9 +853,10 @@ class BucketIndex:
             data = self.storage.get_segments(bucket.bucket_id, k + 1, k + 1)[0]
             seg = parse_segment(data, f"bucket {bucket.bucket_id} segment {k + 1}")
             for idx in seg.indexes:
-                key = (idx.timestamp, idx.ledger_id, idx.entry_id)
+                key = index_key(idx)
                 if w is None or key > w:
-                    yield (key[0], key[1], key[2], frame(idx.SerializeToString()))
+                    upgrade_index(idx)  # a layout-1 source is merged into layout 2
+                    yield index_item(idx)
 
     def _write_merged(self, sources: Sequence[_Bucket], w: Optional[ReleaseKey]):
         start = min(s.start_ledger for s in sources)
@@ -997,7 +990,7 @@ class BucketIndex:
         seg = bucket.seg
         if bucket.pos < len(seg.indexes):
             nxt = seg.indexes[bucket.pos]
-            heapq.heapreplace(self._heap, (nxt.timestamp, nxt.ledger_id, nxt.entry_id, bucket.bucket_id))
+            heapq.heapreplace(self._heap, (*index_key(nxt), bucket.bucket_id))
             return
         if bucket.cur == bucket.nseg - 1:
             bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
@@ -1032,7 +1025,7 @@ class BucketIndex:
         head = seg.indexes[pos]
         for n, h in enumerate(self._heap):
             if h[3] == bucket.bucket_id:
-                self._heap[n] = (head.timestamp, head.ledger_id, head.entry_id, bucket.bucket_id)
+                self._heap[n] = (*index_key(head), bucket.bucket_id)
                 # The real head is >= the placeholder: restore the heap property downwards.
                 heapq.heapify(self._heap)
                 break
@@ -1076,8 +1069,9 @@ class BucketIndex:
 
     # ------------------------------------------------------------------------ queries -------
     def contains(self, ledger_id: int, entry_id: int) -> bool:
-        """True while (ledger_id, entry_id) is pending (added, not yet released) — Pulsar's
-        containsMessage. Cancelled items stay pending until their (flagged) release."""
+        """True while the item with index id `entry_id` of `ledger_id` is pending (added, not yet
+        released) — Pulsar's containsMessage at message granularity (the snapshot bitmaps answer
+        it per entry, as Pulsar asks). Cancelled items stay pending until their (flagged) release."""
         with self._lock:
             return self._pending.contains(ledger_id, entry_id)
 

@@ -8,8 +8,31 @@ from typing import Dict, Optional, Tuple
 # A release key orders every item: (timestamp, ledger_id, entry_id), compared lexicographically.
 ReleaseKey = Tuple[int, int, int]
 
-MAX_ENTRY_ID = (1 << 32) - 1  # entry ids live in 32-bit RoaringBitmaps (Pulsar's format)
+MAX_ENTRY_ID = (1 << 32) - 1  # index ids live in 32-bit RoaringBitmaps (Pulsar's format)
 MAX_U64 = (1 << 64) - 1
+
+# Index ids. Pulsar indexes entries: its broker dispatches whole entries, and a batch shares one.
+# A function sees single messages, so the engine identifies an item by its *index id*
+# `entry_id << BATCH_BITS | batch_index` (unique per message, ordered like the topic, a 32-bit
+# value for entry ids below 2**22; Pulsar rolls ledgers at 50,000 entries). What Pulsar reads
+# (DelayedIndex.entry_id, the snapshot bitmaps) holds the real entry id; see codec.py.
+BATCH_BITS = 10
+MAX_BATCH_INDEX = (1 << BATCH_BITS) - 1
+MAX_INDEXABLE_ENTRY_ID = (1 << (32 - BATCH_BITS)) - 1
+
+
+def index_id(entry_id: int, batch_index: int) -> Optional[int]:
+    """The index id of the message at (entry_id, batch_index) — batch index -1 (not batched)
+    counts as 0 — or None when it does not fit 32 bits."""
+    batch = max(batch_index, 0)
+    if entry_id < 0 or entry_id > MAX_INDEXABLE_ENTRY_ID or batch > MAX_BATCH_INDEX:
+        return None
+    return (entry_id << BATCH_BITS) | batch
+
+
+def split_index_id(ident: int) -> Tuple[int, int]:
+    """(entry_id, batch_index) of an index id."""
+    return ident >> BATCH_BITS, ident & MAX_BATCH_INDEX
 
 
 @dataclass
@@ -17,7 +40,8 @@ class DelayedMessage:
     """One scheduling-topic message to release at `deliver_at` (ms since epoch).
 
     (ledger_id, entry_id) is the scheduling message's position and identifies the item: adding
-    the same position again is ignored. `partition` is the scheduling topic's partition (-1 when
+    the same position again is ignored. `entry_id` is the message's *index id*
+    (`index_id(entry, batch_index)`): the real entry id only for a message at batch index 0. `partition` is the scheduling topic's partition (-1 when
     not partitioned); `event_time` 0 means none; `target` None means the function's default.
     """
 

@@ -4,7 +4,9 @@ Pulsar's rule (MutableBucket.createImmutableBucketAndAsyncPersistent): the first
 segment sets `upper = ts + timeStepMs - 1`; after appending an index the segment is closed when
 there is no next index, or the next index's timestamp > upper, or (maxIndexes != -1 and the
 segment holds >= maxIndexes). Each closed segment gets min/max schedule timestamps and one
-run-optimized RoaringBitmap of entry ids per ledger.
+run-optimized RoaringBitmap of entry ids per ledger — real entry ids, what Pulsar's
+containsMessage(ledgerId, entryId) looks up — plus our extension map of index ids per ledger
+(`index_id_bit_map`, one bit per message; see codec.py for the layouts).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Dict, Iterable, List, Optional
 
 from pyroaring import BitMap
 
-from .bitmap import serialize_bitmap
+from .bitmap import entry_bitmap, serialize_bitmap
 from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata
 from .records import ReleaseKey
 
@@ -61,8 +63,8 @@ class SegmentCutter:
         self.total = 0
 
     def push(self, item: Item) -> Optional[CutSegment]:
-        """Append one item (ts, ledger, entry, framed bytes); returns the segment this push
-        closed, if any."""
+        """Append one item (ts, ledger, index id, layout-2 framed bytes); returns the segment
+        this push closed, if any."""
         ts, ledger, entry, framed = item
         key = (ts, ledger, entry)
         if self._last is not None and key <= self._last:
@@ -93,8 +95,10 @@ class SegmentCutter:
         meta = SnapshotSegmentMetadata(
             max_schedule_timestamp=self._last[0], min_schedule_timestamp=self._first[0]
         )
-        for ledger, entries in self._entries.items():
-            meta.delayed_index_bit_map[ledger] = serialize_bitmap(BitMap(entries))
+        for ledger, ids in self._entries.items():
+            index_ids = BitMap(ids)
+            meta.delayed_index_bit_map[ledger] = serialize_bitmap(entry_bitmap(index_ids))
+            meta.index_id_bit_map[ledger] = serialize_bitmap(index_ids)
         seg = CutSegment(
             data=b"".join(self._frames),
             metadata=meta,

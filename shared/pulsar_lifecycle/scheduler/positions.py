@@ -1,32 +1,29 @@
 """Index positions for batched scheduling messages.
 
-The bucket index keys items by (ledgerId, entryId) with entry ids in 32-bit RoaringBitmaps, as
-Pulsar does; Pulsar's broker can do that because it dispatches whole entries. A function sees
-individual messages, and a batch shares one entry. The embedded broker dispatches unbatched
-messages about 100x slower than batched ones, so producers batch, and we index
-`entry_id << BATCH_BITS | batch_index` instead: unique per message, ordered like the topic,
-and still a 32-bit value for entry ids below 2**22 (Pulsar rolls ledgers at 50,000 entries).
+The bucket index keys items by (ledgerId, index id) with index id `entry_id << BATCH_BITS |
+batch_index` (bucket/records.py says why); the snapshots Pulsar reads hold real entry ids with
+the batch index in an extension field (bucket/codec.py). This module names those helpers for
+the scheduler.
 """
 from __future__ import annotations
 
 from typing import Optional, Tuple
 
-BATCH_BITS = 10
-MAX_BATCH_INDEX = (1 << BATCH_BITS) - 1
+from ..bucket.records import BATCH_BITS, MAX_BATCH_INDEX, index_id, split_index_id
+
 MAX_ENTRY_ID = (1 << (32 - BATCH_BITS)) - 1
+
+__all__ = ["BATCH_BITS", "MAX_BATCH_INDEX", "MAX_ENTRY_ID", "encode", "decode", "format_message_ref"]
 
 
 def encode(entry_id: int, batch_index: int) -> Optional[int]:
-    """The index entry id of a message, or None when it does not fit."""
-    batch = max(batch_index, 0)
-    if entry_id < 0 or entry_id > MAX_ENTRY_ID or batch > MAX_BATCH_INDEX:
-        return None
-    return (entry_id << BATCH_BITS) | batch
+    """The index id of a message, or None when it does not fit."""
+    return index_id(entry_id, batch_index)
 
 
 def decode(index_entry_id: int) -> Tuple[int, int]:
-    """(entry_id, batch_index) of an index entry id."""
-    return index_entry_id >> BATCH_BITS, index_entry_id & MAX_BATCH_INDEX
+    """(entry_id, batch_index) of an index id."""
+    return split_index_id(index_entry_id)
 
 
 def format_message_ref(ledger_id: int, entry_id: int, batch_index: int) -> str:

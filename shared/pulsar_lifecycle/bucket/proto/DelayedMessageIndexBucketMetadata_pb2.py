@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'DelayedMessageIndexBucketMetadata.proto\x12\x0cpulsar.delay\"\xf2\x01\n\x17SnapshotSegmentMetadata\x12\\\n\x15\x64\x65layed_index_bit_map\x18\x01 \x03(\x0b\x32=.pulsar.delay.SnapshotSegmentMetadata.DelayedIndexBitMapEntry\x12\x1e\n\x16max_schedule_timestamp\x18\x02 \x02(\x04\x12\x1e\n\x16min_schedule_timestamp\x18\x03 \x02(\x04\x1a\x39\n\x17\x44\x65layedIndexBitMapEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"P\n\x10SnapshotMetadata\x12<\n\rmetadata_list\x18\x01 \x03(\x0b\x32%.pulsar.delay.SnapshotSegmentMetadataB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\'DelayedMessageIndexBucketMetadata.proto\x12\x0cpulsar.delay\"\xfc\x02\n\x17SnapshotSegmentMetadata\x12\\\n\x15\x64\x65layed_index_bit_map\x18\x01 \x03(\x0b\x32=.pulsar.delay.SnapshotSegmentMetadata.DelayedIndexBitMapEntry\x12\x1e\n\x16max_schedule_timestamp\x18\x02 \x02(\x04\x12\x1e\n\x16min_schedule_timestamp\x18\x03 \x02(\x04\x12R\n\x10index_id_bit_map\x18\x64 \x03(\x0b\x32\x38.pulsar.delay.SnapshotSegmentMetadata.IndexIdBitMapEntry\x1a\x39\n\x17\x44\x65layedIndexBitMapEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\x1a\x34\n\x12IndexIdBitMapEntry\x12\x0b\n\x03key\x18\x01 \x01(\x04\x12\r\n\x05value\x18\x02 \x01(\x0c:\x02\x38\x01\"P\n\x10SnapshotMetadata\x12<\n\rmetadata_list\x18\x01 \x03(\x0b\x32%.pulsar.delay.SnapshotSegmentMetadataB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,10 +34,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['DESCRIPTOR']._serialized_options = b'\n&org.apache.pulsar.broker.delayed.protoH\001P\001'
   _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._loaded_options = None
   _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._serialized_options = b'8\001'
+  _globals['_SNAPSHOTSEGMENTMETADATA_INDEXIDBITMAPENTRY']._loaded_options = None
+  _globals['_SNAPSHOTSEGMENTMETADATA_INDEXIDBITMAPENTRY']._serialized_options = b'8\001'
   _globals['_SNAPSHOTSEGMENTMETADATA']._serialized_start=58
-  _globals['_SNAPSHOTSEGMENTMETADATA']._serialized_end=300
-  _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._serialized_start=243
-  _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._serialized_end=300
-  _globals['_SNAPSHOTMETADATA']._serialized_start=302
-  _globals['_SNAPSHOTMETADATA']._serialized_end=382
+  _globals['_SNAPSHOTSEGMENTMETADATA']._serialized_end=438
+  _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._serialized_start=327
+  _globals['_SNAPSHOTSEGMENTMETADATA_DELAYEDINDEXBITMAPENTRY']._serialized_end=384
+  _globals['_SNAPSHOTSEGMENTMETADATA_INDEXIDBITMAPENTRY']._serialized_start=386
+  _globals['_SNAPSHOTSEGMENTMETADATA_INDEXIDBITMAPENTRY']._serialized_end=438
+  _globals['_SNAPSHOTMETADATA']._serialized_start=440
+  _globals['_SNAPSHOTMETADATA']._serialized_end=520
 # @@protoc_insertion_point(module_scope)

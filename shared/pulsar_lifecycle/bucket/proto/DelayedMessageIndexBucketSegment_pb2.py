@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&DelayedMessageIndexBucketSegment.proto\x12\x0cpulsar.delay\"\xa2\x02\n\x0c\x44\x65layedIndex\x12\x11\n\ttimestamp\x18\x01 \x02(\x04\x12\x11\n\tledger_id\x18\x02 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x02(\x04\x12\x12\n\ndeliver_at\x18\x64 \x01(\x04\x12\x0f\n\x07payload\x18\x65 \x01(\x0c\x12\x0b\n\x03key\x18\x66 \x01(\t\x12>\n\nproperties\x18g \x03(\x0b\x32*.pulsar.delay.DelayedIndex.PropertiesEntry\x12\x12\n\nevent_time\x18h \x01(\x04\x12\x0e\n\x06target\x18i \x01(\t\x12\x11\n\tpartition\x18j \x01(\x11\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0fSnapshotSegment\x12+\n\x07indexes\x18\x01 \x03(\x0b\x32\x1a.pulsar.delay.DelayedIndexB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n&DelayedMessageIndexBucketSegment.proto\x12\x0cpulsar.delay\"\xb7\x02\n\x0c\x44\x65layedIndex\x12\x11\n\ttimestamp\x18\x01 \x02(\x04\x12\x11\n\tledger_id\x18\x02 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x03 \x02(\x04\x12\x12\n\ndeliver_at\x18\x64 \x01(\x04\x12\x0f\n\x07payload\x18\x65 \x01(\x0c\x12\x0b\n\x03key\x18\x66 \x01(\t\x12>\n\nproperties\x18g \x03(\x0b\x32*.pulsar.delay.DelayedIndex.PropertiesEntry\x12\x12\n\nevent_time\x18h \x01(\x04\x12\x0e\n\x06target\x18i \x01(\t\x12\x11\n\tpartition\x18j \x01(\x11\x12\x13\n\x0b\x62\x61tch_index\x18k \x01(\r\x1a\x31\n\x0fPropertiesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\">\n\x0fSnapshotSegment\x12+\n\x07indexes\x18\x01 \x03(\x0b\x32\x1a.pulsar.delay.DelayedIndexB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,9 +35,9 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DELAYEDINDEX_PROPERTIESENTRY']._loaded_options = None
   _globals['_DELAYEDINDEX_PROPERTIESENTRY']._serialized_options = b'8\001'
   _globals['_DELAYEDINDEX']._serialized_start=57
-  _globals['_DELAYEDINDEX']._serialized_end=347
-  _globals['_DELAYEDINDEX_PROPERTIESENTRY']._serialized_start=298
-  _globals['_DELAYEDINDEX_PROPERTIESENTRY']._serialized_end=347
-  _globals['_SNAPSHOTSEGMENT']._serialized_start=349
-  _globals['_SNAPSHOTSEGMENT']._serialized_end=411
+  _globals['_DELAYEDINDEX']._serialized_end=368
+  _globals['_DELAYEDINDEX_PROPERTIESENTRY']._serialized_start=319
+  _globals['_DELAYEDINDEX_PROPERTIESENTRY']._serialized_end=368
+  _globals['_SNAPSHOTSEGMENT']._serialized_start=370
+  _globals['_SNAPSHOTSEGMENT']._serialized_end=432
 # @@protoc_insertion_point(module_scope)
