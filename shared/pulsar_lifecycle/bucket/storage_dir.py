@@ -14,9 +14,14 @@ snapshot is either complete or absent. Writing the table at the end lets merges 
 segments without knowing their number in advance.
 
 Journal: an 16-byte header (magic b"PLBKJNL1", u64 floor = highest truncated id) then records
-(length u32, crc32 u32 of id+payload, id u64, payload). Each append is one write + fdatasync;
-a torn tail (a crash inside an append that therefore never returned) is cut off when the
-journal is first opened. Truncation rewrites the remaining records atomically.
+(length u32, crc32 u32 of id+payload, id u64, payload). Each append is a checked write (every
+byte or an error) + fdatasync; a failed append is cut back off at once (ftruncate needs no free
+space) and raises, so the batch it held is never acked. A torn tail (a crash inside an append
+that therefore never returned) is cut off in place when the journal is first opened.
+Truncation rewrites the remaining records atomically.
+
+Every write goes through pulsar_lifecycle.durable: a full or read-only filesystem is a
+StorageError naming the file and the errno, never a silently short file.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO, List, Optional, Sequence, Tuple
 
-from ..state.directory import atomic_write
+from ..durable import DurableFile, append_durably, atomic_write, fsync_dir, truncate_durably
 from .storage import (
     SnapshotNotFoundError,
     StorageError,
@@ -51,14 +56,6 @@ _SNAP_NAME = re.compile(r"^(\d{20})\.snap$")
 _MAX_RECORD = 1 << 30
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class _DirWriter:
     """Streams one snapshot into a temporary file; finish() renames it into place."""
 
@@ -71,7 +68,7 @@ class _DirWriter:
         self._entries: List[Tuple[int, int, int]] = []  # segments, in order
         self._offset = 0
         try:
-            self._fh: Optional[BinaryIO] = open(self._tmp, "wb")
+            self._fh: Optional[DurableFile] = DurableFile(self._tmp)
         except OSError as exc:
             raise StorageError(f"directory storage {owner.root}: cannot create snapshot {bucket_id}: {exc}") from exc
 
@@ -94,29 +91,29 @@ class _DirWriter:
         try:
             meta_entry = self._write(bytes(metadata))
             info_offset = self._offset
-            self._fh.write(self._info)
             table = b"".join(_ENTRY.pack(*e) for e in [meta_entry] + self._entries)
-            self._fh.write(table)
-            self._fh.write(_TRAILER.pack(len(self._entries) + 1, len(self._info), info_offset, _SNAP_MAGIC))
-            self._fh.flush()
-            os.fsync(self._fh.fileno())
-            self._fh.close()
-            self._fh = None
-            os.replace(self._tmp, self._final)
-            _fsync_dir(self._final.parent)
+            self._fh.write(self._info + table + _TRAILER.pack(len(self._entries) + 1, len(self._info),
+                                                              info_offset, _SNAP_MAGIC))
+            fh, self._fh = self._fh, None
+            try:
+                fh.commit(self._final)
+            except BaseException:
+                fh.abort()
+                raise
         except OSError as exc:
             self.abort()
             raise StorageError(f"directory storage {self._owner.root}: writing snapshot {self.bucket_id}: {exc}") from exc
         return self.bucket_id
 
     def abort(self) -> None:
-        try:
-            if self._fh is not None:
-                self._fh.close()
-                self._fh = None
-            self._tmp.unlink(missing_ok=True)
-        except OSError:
-            logger.warning("could not remove temporary snapshot file %s", self._tmp)
+        if self._fh is not None:
+            self._fh.abort()
+            self._fh = None
+        else:
+            try:
+                self._tmp.unlink(missing_ok=True)
+            except OSError:
+                logger.warning("event=snapshot_tmp_unlink_failed path=%s", self._tmp)
 
 
 class DirectorySnapshotStorage:
@@ -144,7 +141,8 @@ class DirectorySnapshotStorage:
     def _snap_path(self, bucket_id: int) -> Path:
         return self._snap_dir / f"{bucket_id:020d}.snap"
 
-    def _allocate_id(self) -> int:
+    def _allocate_id(self, count: int = 1) -> int:
+        """Hand out `count` consecutive new ids durably; returns the first."""
         counter = self.root / "next_bucket_id"
         with self._lock:
             if self._last_id is None:
@@ -157,17 +155,25 @@ class DirectorySnapshotStorage:
                 # Never reuse an id even if the counter file was lost.
                 existing = self.list_snapshots()
                 self._last_id = max([last] + existing)
-            bid = self._last_id + 1
+            last = self._last_id + count
             try:
-                atomic_write(counter, str(bid).encode())
+                atomic_write(counter, str(last).encode())
             except OSError as exc:
                 raise StorageError(f"directory storage {self.root}: cannot persist bucket id counter: {exc}") from exc
-            self._last_id = bid
-            return bid
+            self._last_id = last
+            return last - count + 1
 
-    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _DirWriter:
+    def reserve_bucket_ids(self, count: int) -> int:
+        """Durably reserve `count` consecutive bucket ids for begin_snapshot(bucket_id=...) (an
+        offline seeder writing from several processes); returns the first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise StorageError(f"directory storage {self.root}: reserve count must be a positive int, got {count!r}")
+        return self._allocate_id(count)
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str, bucket_id: Optional[int] = None) -> _DirWriter:
+        """Start a snapshot under a new id, or under `bucket_id` reserved with reserve_bucket_ids."""
         info = json.dumps({"bucket_key": bucket_key, "topic": topic, "cursor": cursor}).encode()
-        return _DirWriter(self, self._allocate_id(), info)
+        return _DirWriter(self, self._allocate_id() if bucket_id is None else check_bucket_id(bucket_id), info)
 
     def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,
                         topic: str, cursor: str) -> int:
@@ -240,7 +246,7 @@ class DirectorySnapshotStorage:
         check_bucket_id(bucket_id)
         try:
             self._snap_path(bucket_id).unlink()
-            _fsync_dir(self._snap_dir)
+            fsync_dir(self._snap_dir)
         except FileNotFoundError:
             pass
         except OSError as exc:
@@ -304,8 +310,11 @@ class DirectorySnapshotStorage:
             if not self._journal_path.exists() or end < _JNL_HEADER.size:
                 self._write_journal_file(floor, [])
             elif end < self._journal_path.stat().st_size:
-                logger.warning("bucket journal %s: dropping a torn tail after %d records", self._journal_path, len(records))
-                self._write_journal_file(floor, records)
+                # Only a crash inside an append leaves this (a failed append is cut back at once);
+                # that append never returned, so nothing in the tail was acked.
+                logger.warning("event=journal_torn_tail_dropped path=%s records=%d bytes=%d", self._journal_path,
+                               len(records), self._journal_path.stat().st_size - end)
+                truncate_durably(self._journal_path, end)
             self._jfd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
         except OSError as exc:
             raise StorageError(f"directory storage {self.root}: cannot open journal: {exc}") from exc
@@ -318,10 +327,9 @@ class DirectorySnapshotStorage:
             fd = self._open_journal()
             rid = self._jnext
             try:
-                os.write(fd, self._pack_record(rid, bytes(record)))
-                os.fdatasync(fd)
+                append_durably(fd, self._pack_record(rid, bytes(record)), self._journal_path)
             except OSError as exc:
-                # The file may now end in a torn record: reopen (and cut it) before the next append.
+                # append_durably cut the record back off; reopening re-checks the tail anyway.
                 self._close_journal()
                 raise StorageError(f"directory storage {self.root}: journal append failed: {exc}") from exc
             self._jnext = rid + 1

@@ -27,6 +27,7 @@ from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
 from ..dedup.publisher import DedupPublisher, OutMessage
+from ..durable import DurableWriteError
 from . import positions
 from .config import WriterConfig
 from .intake import Cancel, Invalid
@@ -34,6 +35,22 @@ from .intake import Cancel, Invalid
 log = logging.getLogger(__name__)
 ERROR_PROP = "__pl_error__"
 RELEASED_AT_PROP = "__pl_released_at__"
+# Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
+# batch was not acked and is redelivered. Pulsar exports the count as
+# pulsar_function_user_metric__count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
+PERSIST_FAILURES_METRIC = "pulsar_lifecycle_scheduler_persist_failures"
+
+
+def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
+    """The DurableWriteError behind `exc` (its cause/context chain), if any."""
+    seen = set()
+    cur: Optional[BaseException] = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, DurableWriteError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def now_ms() -> int:
@@ -162,8 +179,18 @@ class SchedulerService:
                 fn()
             except BaseException as exc:  # surfaced through .failure; process() rebuilds the service
                 self.failure = exc
-                log.exception("event=scheduler_thread_failed thread=%s error=%r", threading.current_thread().name, exc)
                 self._stop.set()
+                disk = persist_failure(exc)
+                if disk is not None:
+                    # Nothing of the failed batch was acked: it is redelivered once storage works.
+                    log.error("event=scheduler_persist_failed thread=%s path=%s errno=%s acked=false error=%s",
+                              threading.current_thread().name, disk.path, disk.errno, disk)
+                    try:
+                        self.record_metric(PERSIST_FAILURES_METRIC, 1.0)
+                    except Exception as mexc:  # a metrics failure must not hide the real one
+                        log.debug("event=metric_record_failed error=%r", mexc)
+                    return
+                log.exception("event=scheduler_thread_failed thread=%s error=%r", threading.current_thread().name, exc)
         return run
 
     @property

@@ -1,35 +1,21 @@
 """The embedded state backend: one file per key in a directory, written atomically.
 
-Each write goes to a temporary file, is fsynced, renamed over the old one and the
-directory is fsynced, so a SIGKILL at any moment leaves either the old or the new
-value, never a torn one.
+Each write goes to a temporary file with checked writes (durable.atomic_write), is fsynced,
+renamed over the old one and the directory is fsynced, so a SIGKILL at any moment leaves
+either the old or the new value, never a torn one. A write that cannot be made durable
+(ENOSPC, EROFS, ...) raises durable.DurableWriteError naming the file and the errno.
 """
 from __future__ import annotations
 
-import os
 import threading
 import urllib.parse
 from pathlib import Path
 from typing import Optional
 
+from ..durable import atomic_write, fsync_dir
 from .base import StateError, table_namespace
 
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Replace `path` with `data` so a crash leaves the old or the new content."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        os.write(fd, data)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+__all__ = ["DirectoryStateStore", "atomic_write"]  # atomic_write: kept importable from here
 
 
 class DirectoryStateStore:
@@ -82,11 +68,16 @@ class DirectoryStateStore:
 
     def delete(self, key: str) -> None:
         with self._lock:
+            removed = False
             for p in (self._value_path(key), self._counter_path(key)):
                 try:
                     p.unlink()
+                    removed = True
                 except FileNotFoundError:
                     pass
+            if removed:  # a deletion must survive a crash like a write does
+                fsync_dir(self._value_path(key).parent)
+                fsync_dir(self._counter_path(key).parent)
 
     def close(self) -> None:
         pass
