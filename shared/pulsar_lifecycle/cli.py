@@ -158,7 +158,8 @@ def _register_optional_groups() -> None:
     import importlib
 
     for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo"),
-                         ("pulsar_lifecycle.spark.cli", "spark")):
+                         ("pulsar_lifecycle.spark.cli", "spark"),
+                         ("pulsar_lifecycle.spark.export_cli", "export_backlog")):
         try:
             cmd = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError):

@@ -5,7 +5,10 @@
        "metadata-store" (Pulsar's PulsarLedgerManager); other methods -> 404
   GET /api/v1/ledger/metadata?ledger_id=N   -> {"N": LedgerMetadata} with customMetadata as base64;
        missing ledger -> 500
-  GET /api/v1/ledger/list                   -> {"<id>": null, ...}
+  GET /api/v1/ledger/list                   -> {"<id>": null, ...}; with print_metadata=true and
+       decode_meta=true {"<id>": LedgerMetadata, ...}, and with page=N (1-based) only the ledgers at
+       positions (N-1)*100 .. N*100-1 counted from 1, as BookKeeper's ListLedgerService does
+       (so page 1 holds 99); `fail_list_pages` answers 500 for those pages
 `fail_rate` answers 500 before acting; `fail_after_delete_rate` deletes and THEN answers 500
 (the worst case for a client: done, but told it failed)."""
 from __future__ import annotations
@@ -45,11 +48,16 @@ class BookieHttpServer(LocalHttpServer):
         self.deleted: List[int] = []  # in deletion order
         self.delete_calls = 0
         self.poisoned: set = set()  # ledgers whose every call answers 500 (a permanently failing storage)
+        self.ctimes: Dict[int, int] = {}  # ledger -> ctime ms (default: now)
+        self.fail_list_pages: set = set()  # list pages that answer 500
+        self.list_requests: List[float] = []  # monotonic time of each list request
 
-    def add_ledger(self, ledger_id: int, custom_metadata: Dict[str, str]) -> None:
-        """Create a ledger carrying `custom_metadata` (text values)."""
+    def add_ledger(self, ledger_id: int, custom_metadata: Dict[str, str], ctime_ms: Optional[int] = None) -> None:
+        """Create a ledger carrying `custom_metadata` (text values), created at `ctime_ms`."""
         with self.lock:
             self.ledgers[ledger_id] = dict(custom_metadata)
+            if ctime_ms is not None:
+                self.ctimes[ledger_id] = ctime_ms
 
     def exists(self, ledger_id: int) -> bool:
         """Whether the ledger is still stored."""
@@ -71,7 +79,7 @@ class BookieHttpServer(LocalHttpServer):
             "closed": True,
             "state": "CLOSED",
             "allEnsembles": {"0": ["127.0.0.1:3181"]},
-            "ctime": int(time.time() * 1000),
+            "ctime": self.ctimes.get(ledger_id, int(time.time() * 1000)),
             "cToken": 0,
             "customMetadata": {k: base64.b64encode(v.encode()).decode() for k, v in md.items()},
         }
@@ -105,5 +113,17 @@ class BookieHttpServer(LocalHttpServer):
                 return 200, {str(lid): self._metadata_json(lid)}
         if path == "/api/v1/ledger/list" and method == "GET":
             with self.lock:
-                return 200, {str(i): None for i in sorted(self.ledgers)}
+                self.list_requests.append(time.monotonic())
+                if params.get("print_metadata") != "true":
+                    return 200, {str(i): None for i in sorted(self.ledgers)}
+                page = int(params["page"]) if "page" in params else -1
+                if page in self.fail_list_pages:
+                    return 500, "Internal Server Error (list page)"
+                ids = sorted(self.ledgers)
+                if page > 0:
+                    start, end = (page - 1) * 100, (page - 1) * 100 + 99
+                    ids = [lid for pos, lid in enumerate(ids, start=1) if start <= pos <= end]
+                if params.get("decode_meta") == "true":
+                    return 200, {str(i): self._metadata_json(i) for i in ids}
+                return 200, {str(i): f"serialized metadata of {i}" for i in ids}
         return 404, "Not found"

@@ -4,6 +4,8 @@ Endpoints (same paths as the broker's PersistentTopics v2 resource):
   GET /admin/v2/persistent/{tenant}/{ns}/{topic}/internalStats            -> PersistentTopicInternalStats
   GET /admin/v2/persistent/{tenant}/{ns}/{topic}/partitioned-internalStats -> PartitionedTopicInternalStats
   PUT /admin/v2/persistent/{tenant}/{ns}/{topic}/partitions  (body: N)      -> 204, 409 if it exists
+  GET /admin/v2/tenants, /admin/v2/namespaces/{tenant}, /admin/v2/persistent/{tenant}/{ns}
+       (topic list: partitions of partitioned topics and non-partitioned topics, as full names)
 Unknown topics answer 404 like the broker. Topic state is set from Python by the test, which plays
 the broker's metadata side (add a ledger, remove it from metadata, delete the topic)."""
 from __future__ import annotations
@@ -86,6 +88,8 @@ class InternalStatsServer(LocalHttpServer):
         self.partitioned: Dict[str, int] = {}
         self.calls: Counter = Counter()
         self.latency_s = latency_s
+        self.request_times: List[float] = []  # monotonic time of every admin request
+        self.fail_topics: set = set()  # topics whose internalStats answers 500
 
     # -- the test's side (plays the broker's metadata) ------------------------------------------
     @staticmethod
@@ -133,10 +137,37 @@ class InternalStatsServer(LocalHttpServer):
             return self.calls[(self._key(topic), endpoint)]
 
     # -- HTTP ----------------------------------------------------------------------------------
+    def _namespaces(self) -> Dict[str, List[str]]:
+        """namespace -> full topic names (partitions of partitioned topics included)."""
+        out: Dict[str, List[str]] = {}
+        for name in list(self.topics) + [f"{b}-partition-{k}" for b, n in self.partitioned.items() for k in range(n)]:
+            tenant, ns, _ = name.split("/", 2)
+            full = f"persistent://{name}"
+            lst = out.setdefault(f"{tenant}/{ns}", [])
+            if full not in lst:
+                lst.append(full)
+        return out
+
     def route(self, method: str, path: str, params: Dict[str, str], body: bytes) -> Tuple[int, Any]:
+        import time
+
+        with self.lock:
+            self.request_times.append(time.monotonic())
+        if method == "GET" and path == "/admin/v2/tenants":
+            with self.lock:
+                return 200, sorted({ns.split("/")[0] for ns in self._namespaces()})
+        if method == "GET" and path.startswith("/admin/v2/namespaces/"):
+            tenant = path[len("/admin/v2/namespaces/"):]
+            with self.lock:
+                names = sorted(ns for ns in self._namespaces() if ns.split("/")[0] == tenant)
+            return (200, names) if names else (404, {"reason": "Tenant does not exist"})
         if not path.startswith(PREFIX):
             return 404, {"reason": "Not Found"}
         parts = path[len(PREFIX):].split("/")
+        if method == "GET" and len(parts) == 2:
+            with self.lock:
+                topics = self._namespaces().get(f"{parts[0]}/{parts[1]}")
+            return (200, sorted(topics)) if topics is not None else (404, {"reason": "Namespace does not exist"})
         if len(parts) != 4:
             return 404, {"reason": "Not Found"}
         tenant, ns, enc_topic, endpoint = parts
@@ -144,6 +175,8 @@ class InternalStatsServer(LocalHttpServer):
         with self.lock:
             self.calls[(topic, endpoint)] += 1
             if method == "GET" and endpoint == "internalStats":
+                if topic in self.fail_topics:
+                    return 500, {"reason": "Internal error (injected)"}
                 t = self.topics.get(topic)
                 if t is None:
                     return 404, {"reason": "Topic not found"}

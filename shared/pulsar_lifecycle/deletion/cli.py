@@ -31,8 +31,9 @@ def _client(url: str) -> Any:
     return quiet_client(url)
 
 
-def _topic_options(f: Any) -> Any:
-    f = click.option("--service-url", required=True, help="pulsar:// URL of the broker.")(f)
+def deletion_topic_options(f: Any, service_url_required: bool = True) -> Any:
+    """The deletion-topic options (shared with `spark orphans --enqueue`)."""
+    f = click.option("--service-url", required=service_url_required, help="pulsar:// URL of the broker.")(f)
     f = click.option("--namespace", default="pulsar/system", show_default=True, help="deletionNamespace.")(f)
     f = click.option("--topic-name", default="__ledger_deletion", show_default=True, help="deletionTopicName.")(f)
     f = click.option("--parallelism", type=int, default=4, show_default=True, help="ledgerDeletionParallelism.")(f)
@@ -42,7 +43,12 @@ def _topic_options(f: Any) -> Any:
     return f
 
 
-def _service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> Any:
+def _topic_options(f: Any) -> Any:
+    return deletion_topic_options(f)
+
+
+def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> Any:
+    """(LedgerDeletionService, client) for the parsed deletion-topic and delay options."""
     from ..timing import DelayedProducer
     from .service import LedgerDeletionService
 
@@ -56,7 +62,8 @@ def _service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_
     return LedgerDeletionService(client, _topics(opts), delayed, send_delay_seconds=delay_seconds), client
 
 
-def _delay_options(f: Any) -> Any:
+def delay_options(f: Any) -> Any:
+    """The phase-one send-delay options (shared with `spark orphans --enqueue`)."""
     f = click.option("--send-delay-seconds", type=int, default=60, show_default=True,
                      help="sendDelaySeconds; 0 sends at once.")(f)
     f = click.option("--delay-backend", type=click.Choice(["broker", "scheduler"]), default="broker", show_default=True)(f)
@@ -71,7 +78,7 @@ def deletion() -> None:
 
 @deletion.command("enqueue")
 @_topic_options
-@_delay_options
+@delay_options
 @click.option("--topic", required=True, help="Owning topic, tenant/ns/topic[-partition-N].")
 @click.option("--ledger-id", type=int, required=True)
 @click.option("--component", type=click.Choice([c.value for c in LedgerComponent]), default="MANAGED_LEDGER", show_default=True)
@@ -93,7 +100,7 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
         except ValueError as exc:
             raise click.BadParameter(f"--offload-uuid: {exc}") from exc
         ctx, ltype = LedgerContext(ledger_id, offload_context=oc), LedgerType.OFFLOAD_LEDGER
-    service, client = _service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+    service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
     try:
         mid = service.append_pending_delete_ledger(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
                                                    {"cursor": cursor} if cursor else None)
@@ -108,7 +115,7 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 
 @deletion.command("enqueue-topic")
 @_topic_options
-@_delay_options
+@delay_options
 @click.option("--topic", required=True, help="Topic whose every ledger is enqueued.")
 @click.option("--admin-url", required=True, help="Pulsar admin URL (http://broker:8080) for internalStats.")
 @click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false (the topic is being deleted).")
@@ -118,7 +125,7 @@ def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_dela
     from ..storage.admin import PulsarAdminClient
     from .operator import enqueue_topic_ledgers
 
-    service, client = _service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+    service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
     try:
         done = enqueue_topic_ledgers(service, PulsarAdminClient.connect([admin_url]), topic, not skip_in_use_check)
     except (ValueError, InvalidRequestError) as exc:
