@@ -130,8 +130,11 @@ class DelayLevelSyncerService:
     def _subscribe(self, topic: str, queue: int) -> pulsar.Consumer:
         # Shared: the one subscription type pulsar-lite gets right; Earliest: messages parked
         # before the syncer first ran are forwarded too.
+        # batch_receive (a forwarder's due followers) returns what is queued, waiting at most 1 ms.
         return self.client.subscribe(topic, self.subscription, consumer_type=pulsar.ConsumerType.Shared,
-                                     initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=queue)
+                                     initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=queue,
+                                     batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(
+                                         max(1, min(queue, self.cfg.forward_batch_size)), 16 << 20, 1))
 
     def _has_backlog(self, k: int) -> bool:
         consumer = self._subscribe(partition_topic(self.cfg.delay_level_topic, k), 1)
