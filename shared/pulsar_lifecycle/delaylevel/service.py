@@ -124,6 +124,7 @@ class DelayLevelSyncerService:
         self.gate = BacklogGate(admin, cfg.scheduling_topic, cfg.scheduling_subscription, cfg.max_near_term_backlog,
                                 cfg.backlog_check_interval_millis)
         self.retention_problems: List[str] = []
+        self._stopped = False
 
     # -- start -----------------------------------------------------------------------------
 
@@ -285,7 +286,11 @@ class DelayLevelSyncerService:
         return self.failure or next((f.failure for f in self.forwarders if f.failure is not None), None)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the threads, close consumers (unacked messages are redelivered) and publishers."""
+        """Stop the threads, close consumers (unacked messages are redelivered) and publishers.
+        Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.stop_event.set()
         for fw in self.forwarders:
             fw.join(timeout_s)
