@@ -35,14 +35,14 @@ def names(unique: str) -> Dict[str, str]:
 
 
 def make_service(client: pulsar.Client, tmp_path: Path, topics: Dict[str, str], *, admin: Optional[AdminView] = None,
-                 metrics: Optional[Dict[str, float]] = None, **user: Any) -> DelayLevelSyncerService:
+                 metrics: Optional[Dict[str, float]] = None, instance: int = 0, **user: Any) -> DelayLevelSyncerService:
     cfg = parse_syncer_config({"delayLevelTopic": topics["business"] + "-delay-level", "schedulingTopic": topics["sched"],
                                "partitionBy": "SECONDS", "unitSeconds": UNIT_S, "messageMaximumDelayTimeSeconds": 20,
                                "lookaheadMillis": LOOKAHEAD_MS, "metricsIntervalSeconds": 1, **user})
     sink = metrics if metrics is not None else {}
     return DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="test-syncer",
                                    state=DirectoryStateStore(tmp_path / "state", "public", "default", "syncer"),
-                                   record_metric=sink.__setitem__, admin=admin).start()
+                                   record_metric=sink.__setitem__, admin=admin, instance=instance).start()
 
 
 def make_producer(client: pulsar.Client, topics: Dict[str, str], max_s: int = 20) -> DelayLevelProducer:
@@ -191,3 +191,20 @@ def test_broker_backend_forwards_to_the_business_topic_with_deliver_at(env):
     props = got[0].properties()
     assert TARGET_PROP not in props and props["app"] == "y" and props[ORIGIN_PARTITION_PROP] == sent.topic
     assert got[0].publish_timestamp() >= int(props[DELIVER_AT_PROP]) - 1000 - LOOKAHEAD_MS - 50
+
+
+def test_two_instances_split_the_partitions_and_each_applies_its_cancels(env):
+    topics, client, producer = env.topics, env.client, env.producer
+    a = producer.send(b"a", delay_ms=2100)
+    b = producer.send(b"b", delay_ms=4100)
+    gone = producer.send(b"gone", delay_ms=4200)
+    producer.cancel(gone)
+    assert (a.partition, b.partition, gone.partition) == (0, 1, 1)
+    first, second = env.start(instances=2), env.start(instances=2, instance=1)
+    assert ([f.k for f in first.forwarders][:3], [f.k for f in second.forwarders][:3]) == ([0, 2, 4], [1, 3, 5])
+    got = drain(client, topics["sched"], "check", expect=2, timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1.5)
+    assert sorted(m.data() for m in got) == [b"a", b"b"]
+    assert second.metrics()["pulsar_delay_level_cancelled_total"] == 1
+    with pytest.raises(ValueError, match="instance id 2 is outside userConfig instances=2"):
+        env.start(instances=2, instance=2)

@@ -23,6 +23,7 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "schedulingSubscription": ("scheduling_subscription", "", "The writer's subscription on `schedulingTopic`, whose backlog is the writer's lag (back-pressure, needs `pulsarAdminUrl`)."),
     "subscription": ("subscription", "", "The syncer's Shared subscription on every partition; default `<tenant>/<namespace>/<name>`."),
     "producerName": ("producer_name", "", "Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition); default `<tenant>/<namespace>/<name>-<instance>`."),
+    "instances": ("instances", 1, "Set to the function's `parallelism`: instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing)."),
     "forwardBatchSize": ("forward_batch_size", 500, "Due messages of one partition forwarded together before their acks."),
     "receiverQueueSize": ("receiver_queue_size", 200, "Receiver queue per partition consumer: the only parked messages held in memory (O(1) in the backlog)."),
     "onMissingTarget": ("on_missing_target", "dead-letter", "A parked message whose business topic no longer exists (admin API): `dead-letter` to `<delay-level topic>-DLQ` with the reason, or `forward` anyway."),
@@ -52,6 +53,7 @@ class SyncerConfig:
     scheduling_subscription: str = ""
     subscription: str = ""
     producer_name: str = ""
+    instances: int = 1
     forward_batch_size: int = 500
     receiver_queue_size: int = 200
     on_missing_target: str = "dead-letter"
@@ -80,7 +82,7 @@ class SyncerConfig:
             raise ConfigError(f"userConfig tickMode must be 'runner' or 'chain', got {self.tick_mode!r}")
         if self.pulsar_admin_url and not self.pulsar_admin_url.startswith(("http://", "https://")):
             raise ConfigError(f"userConfig pulsarAdminUrl must start with http:// or https://, got {self.pulsar_admin_url!r}")
-        for attr in ("forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
+        for attr in ("instances", "forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
                      "target_cache_seconds", "backlog_check_interval_millis"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"userConfig {_key_of(attr)} must be > 0, got {getattr(self, attr)!r}")
