@@ -165,6 +165,16 @@ class MemorySnapshotStorage:
         self._journal_next = 1
         self._manifest: Optional[bytes] = None
         self._cursor: Optional[bytes] = None
+        self._index_id: Optional[str] = None
+
+    def get_index_id(self) -> Optional[str]:
+        return self._index_id
+
+    def put_index_id(self, index_id: str) -> None:
+        self._index_id = index_id
+
+    def describe(self) -> str:
+        return "memory snapshot storage"
 
     def reserve_bucket_ids(self, count: int) -> int:
         """Reserve `count` consecutive ids for begin_snapshot(bucket_id=...); returns the first."""

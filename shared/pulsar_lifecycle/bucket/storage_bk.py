@@ -363,6 +363,18 @@ class BookKeeperTableSnapshotStorage:
     def put_cursor(self, data: bytes) -> None:
         self._put_value(self._k("cursor"), bytes(data), replace=True)
 
+    def get_index_id(self) -> Optional[str]:
+        """The id of the index this store holds (see scheduler/index_identity.py), or None."""
+        raw = self._get_value(self._k("index-id"))
+        return raw.decode("ascii", "replace").strip() if raw is not None else None
+
+    def put_index_id(self, index_id: str) -> None:
+        self._put_value(self._k("index-id"), index_id.encode("ascii"), replace=True)
+
+    def describe(self) -> str:
+        """Where this store lives, for messages to operators."""
+        return f"BookKeeper table {self!r}"
+
     def close(self) -> None:
         if self._own_table:
             self._table.close()

@@ -389,6 +389,18 @@ class DirectorySnapshotStorage:
     def put_cursor(self, data: bytes) -> None:
         self._put("cursor.bin", data)
 
+    def get_index_id(self) -> Optional[str]:
+        """The id of the index this store holds (see scheduler/index_identity.py), or None."""
+        raw = self._get("index-id")
+        return raw.decode("ascii", "replace").strip() if raw is not None else None
+
+    def put_index_id(self, index_id: str) -> None:
+        self._put("index-id", index_id.encode("ascii"))
+
+    def describe(self) -> str:
+        """Where this store lives, for messages to operators."""
+        return f"snapshot directory {self.root.resolve()}"
+
     def close(self) -> None:
         with self._jlock:
             self._close_journal()

@@ -6,6 +6,7 @@ import logging
 import re
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import pulsar
@@ -51,6 +52,8 @@ class LocalContext:
     metrics: FunctionMetrics
     logger: logging.Logger
     message: Optional[pulsar.Message] = None
+    # Set by the local runner: its --data-dir, where functions keep local data by default.
+    data_dir: Optional[Path] = None
     _publish_producers: Dict[str, pulsar.Producer] = field(default_factory=dict, repr=False)
     _serdes: Dict[str, Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)

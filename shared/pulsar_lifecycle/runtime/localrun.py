@@ -116,7 +116,7 @@ class LocalRunner:
                 identity=identity, client=client, consumers={}, input_topics=list(spec.inputs),
                 output_topic=spec.output, output_serde_class_name=spec.output_serde_class_name or "serde.IdentitySerDe",
                 user_config=dict(spec.user_config or {}), secrets=dict(spec.secrets or {}), state=self._state,
-                metrics=self.metrics, logger=logging.getLogger(f"function.{fqfn}.{i}"),
+                metrics=self.metrics, logger=logging.getLogger(f"function.{fqfn}.{i}"), data_dir=data_dir,
             )
             inst = FunctionInstance(spec, ctx, client, nack_delay_ms=self.options.nack_redelivery_delay_ms)
             inst.start()

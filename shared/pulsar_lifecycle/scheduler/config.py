@@ -12,7 +12,8 @@ WRITER_KEYS: Dict[str, tuple] = {
     "schedulingTopic": ("scheduling_topic", "", "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client; the function's only input is then `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md)."),
     "schedulingSubscription": ("scheduling_subscription", "", "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name."),
     "snapshotStorage": ("snapshot_storage", "directory", "Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service)."),
-    "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store; default `.pulsar-lifecycle/buckets/<tenant>_<namespace>_<name>` under the working directory."),
+    "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store. Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; anywhere else it must be set (or use `bookkeeper`)."),
+    "replaceIndexId": ("replace_index_id", "", "Set only when the writer refuses to start because its bucket index is missing or not the one its dedup state follows, and that index is lost for good: the id the error names. The writer then starts a new index (the lost index's pending messages are gone); a stale value is harmless."),
     "snapshotStorageServiceUrl": ("snapshot_storage_service_url", "", "`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`."),
     "allowedTargetPrefix": ("allowed_target_prefix", "", "Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused."),
     "maxDelaySeconds": ("max_delay_seconds", 400 * 86400, "Deliver-at times further than this in the future are refused (sent to invalidMessageTopic)."),
@@ -42,6 +43,7 @@ class WriterConfig:
     scheduling_subscription: str = ""
     snapshot_storage: str = "directory"
     snapshot_dir: str = ""
+    replace_index_id: str = ""
     snapshot_storage_service_url: str = ""
     allowed_target_prefix: str = ""
     max_delay_seconds: int = 400 * 86400
