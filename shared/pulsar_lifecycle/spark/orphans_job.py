@@ -158,7 +158,8 @@ def classify(listing: DataFrame, in_use: DataFrame, coverage: Sequence[Coverage]
     spark = listing.sparkSession
     keys = ["id_space", "ledger_id"]
     # The anti-join needs no distinct of the in-use side (duplicates cannot multiply rows).
-    unused = listing.join(in_use.select(*keys), keys, "left_anti")
+    # A shuffled hash join: no sort of either side (the in-use ids hash well per partition).
+    unused = listing.join(in_use.select(*keys).hint("shuffle_hash"), keys, "left_anti")
     newest = in_use.groupBy("id_space").agg(F.max("ledger_id").alias("max_known"))
     if max_known:
         extra = spark.createDataFrame(list(max_known.items()), MAX_KNOWN_SCHEMA)
