@@ -78,3 +78,11 @@ def test_runtime_intake_needs_exactly_one_scheduling_input():
         scheduling_input([ticks], {"tickTopic": ticks})
     with pytest.raises(ValueError, match="exactly one scheduling input"):
         scheduling_input(["a", "b", ticks], {"tickTopic": ticks})
+
+
+def test_an_upstream_dedup_publishers_properties_are_dropped():
+    # The delay-level syncer forwards through a DedupPublisher; its __pl_producer__/__pl_seq__ are
+    # not the release's (the release publisher refuses foreign ones).
+    item = run({DELIVER_AT_PROP: str(NOW + 5000), "__pl_producer__": "syncer-p3", "__pl_seq__": "42", "app": "x"})
+    assert isinstance(item, DelayedMessage)
+    assert item.properties == {DELIVER_AT_PROP: str(NOW + 5000), "app": "x"}

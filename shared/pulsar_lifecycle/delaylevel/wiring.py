@@ -20,6 +20,6 @@ def build_syncer(context: Any) -> DelayLevelSyncerService:
     service = DelayLevelSyncerService(
         cfg, context.get_pulsar_client(), subscription=cfg.subscription or fqfn,
         producer_prefix=cfg.producer_name or f"{fqfn}-{instance}",
-        state=ContextStateStore(context, prefix=f"delay-level/{instance}/"),
+        state=ContextStateStore(context, prefix=f"dl/{instance}/"),
         record_metric=context.record_metric, admin=admin)
     return service.start()

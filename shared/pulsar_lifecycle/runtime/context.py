@@ -197,6 +197,17 @@ class LocalContext:
             except Exception:  # a closed client cannot flush; nothing left to save
                 pass
 
+    def close_publishers(self) -> None:
+        """Flush and close every context.publish producer (on shutdown, before the client closes)."""
+        self.flush_publishers()
+        with self._lock:
+            producers, self._publish_producers = list(self._publish_producers.values()), {}
+        for p in producers:
+            try:
+                p.close()
+            except Exception:  # the client may already be unusable; closing it comes next
+                pass
+
     # -- state ----------------------------------------------------------------------------------
     def _state(self) -> StateStore:
         if self.state is None:

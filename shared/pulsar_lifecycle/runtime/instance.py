@@ -238,12 +238,15 @@ class FunctionInstance:
                 closer()
             except Exception as exc:
                 log.warning("event=function_close_failed fqfn=%s error=%r", self.context.identity.fqfn, exc)
+        # Producers, then consumers, all before the runner closes the client (see LocalRunner.stop).
         if self._producer is not None:
             try:
                 self._producer.flush()
+                self._producer.close()
             except Exception:  # a closed client cannot flush; unacked inputs are redelivered
                 pass
-        self.context.flush_publishers()
+            self._producer = None
+        self.context.close_publishers()
         for c in self._consumers.values():
             try:
                 c.close()

@@ -89,7 +89,10 @@ def build_service(context: Any) -> SchedulerService:
     publisher = None
     try:
         storage = open_snapshot_storage(cfg, context, resources)
-        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
+        deleter = _snapshot_deleter(cfg, context, scheduling)
+        if deleter is not None:
+            resources.append(deleter)  # closed with the service: its producers before the client
+        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=deleter)
         producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
         client = context.get_pulsar_client()
         prefix = f"dedup/{context.get_instance_id()}/"

@@ -224,6 +224,12 @@ class SchedulerService:
         except Exception as exc:
             log.warning("event=scheduler_stop_flush_failed error=%r", exc)
         self.publisher.close()
+        if self._invalid_producer is not None:
+            try:
+                self._invalid_producer.close()  # every producer closed before the client is
+            except Exception as exc:
+                log.debug("event=invalid_producer_close_failed error=%r", exc)
+            self._invalid_producer = None
         closer = getattr(getattr(self.engine, "storage", None), "close", None)
         if callable(closer):
             closer()
