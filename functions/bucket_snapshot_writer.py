@@ -17,6 +17,7 @@ import time
 from typing import Any, Optional
 
 from pulsar_lifecycle.dedup.publisher import normalize_topic
+from pulsar_lifecycle.runtime.context_api import pulsar_client
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
 from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of, send_wake_tick, wake_after_failure
@@ -41,7 +42,7 @@ class BucketSnapshotWriter:
             service = build_service(context)
             cfg = service.config
             if cfg.tick_topic:
-                client = context.get_pulsar_client()
+                client = pulsar_client(context)
                 try:
                     send_wake_tick(client, cfg.tick_topic)
                 except BaseException:
