@@ -64,13 +64,19 @@ def _clean_env() -> Dict[str, str]:
             if not (k.startswith(("PYTHON", "PIP_")) or k in ("VIRTUAL_ENV", "__PYVENV_LAUNCHER__"))}
 
 
-# What python_instance_main + util.import_class do, then our checks; prints a JSON report.
+# Pulsar's worker imports its own protobuf before user code (python_instance_main imports
+# Function_pb2 & co.), so user code runs on the worker's protobuf whatever deps/ holds. The check
+# imports it first from the venv's site-packages, then does what python_instance_main +
+# util.import_class do, then runs the package's protobuf code; prints a JSON report.
 _CHECK = textwrap.dedent("""
     import importlib, importlib.metadata, inspect, json, os, sys
+    import google.protobuf
+    from google.protobuf import descriptor_pool, message, reflection, symbol_database  # as Function_pb2 does
     zip_dir, stem, class_names, dists = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), json.loads(sys.argv[4])
     sys.path.insert(0, os.path.join(zip_dir, stem, "src"))
     sys.path.insert(0, zip_dir)
-    report = {"classes": {}, "modules": {}, "pulsar_lifecycle": None}
+    report = {"classes": {}, "modules": {}, "pulsar_lifecycle": None,
+              "protobuf": [google.protobuf.__version__, google.protobuf.__file__], "bucket": None}
     for full in class_names:
         module_name, _, attr = full.rpartition(".")
         try:
@@ -92,13 +98,28 @@ _CHECK = textwrap.dedent("""
             report["modules"][name] = f"{type(exc).__name__}: {exc}"
     import pulsar_lifecycle
     report["pulsar_lifecycle"] = pulsar_lifecycle.__file__
+    # Every protobuf message of the package on this protobuf: journal, seal (segments, metadata,
+    # bitmaps), manifest, cursor, recovery, release.
+    from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DelayedMessage, MemorySnapshotStorage
+    store = MemorySnapshotStorage()
+    ix = BucketIndex(store, BucketConfig(), clock=lambda: 0)
+    ix.recover()
+    ix.add([DelayedMessage(5, (e << 10) | b, -1, 1000 + e, b"p%d.%d" % (e, b), properties={"k": "v"})
+            for e in range(3) for b in range(2)])
+    ix.seal()
+    again = BucketIndex(store, BucketConfig(), clock=lambda: 0)
+    again.recover()
+    report["bucket"] = [(r.seq, r.message.payload.decode(), r.message.properties["k"]) for r in again.pop_due(10**6, 100)]
     print(json.dumps(report))
 """)
 
+NEWEST = "newest"  # the protobuf wheel the zip ships, i.e. the newest release the pin allows
 
-@pytest.mark.slow
-@pytest.mark.timeout(420)
-def test_zip_installs_and_imports_in_fresh_venv(tmp_path: Path) -> None:
+
+@pytest.fixture(scope="module")
+def installed_zip(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
+    """The zip built once and installed exactly as python_instance_main does (pip -t, --no-index)."""
+    tmp_path = tmp_path_factory.mktemp("zip")
     project, class_names = _project(tmp_path)
     out = tmp_path / "out"
     zip_path = build_function_zip(project, out)
@@ -117,13 +138,8 @@ def test_zip_installs_and_imports_in_fresh_venv(tmp_path: Path) -> None:
     assert canonical_name(project_name) not in wheel_dists, "the project's own wheel must not be in deps"
     assert not any("__pycache__" in e for e in entries)
 
-    # A fresh venv: no --system-site-packages, nothing from the dev environment.
-    venv = tmp_path / "venv"
+    # The instance's Python, without our deps: a fresh venv (no --system-site-packages).
     env = _clean_env()
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, env=env, timeout=120)
-    vpy = venv / "bin" / "python"
-
-    # Exactly python_instance_main's steps for a .zip.
     instance_dir = tmp_path / "instance"
     instance_dir.mkdir()
     user_code = instance_dir / zip_path.name
@@ -133,26 +149,58 @@ def test_zip_installs_and_imports_in_fresh_venv(tmp_path: Path) -> None:
     basename = os.path.basename(os.path.splitext(str(user_code))[0])
     deps_dir = instance_dir / basename / "deps"
     dep_wheels = sorted(str(p) for p in deps_dir.glob("*.whl"))
+    venv = tmp_path / "installer"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env, timeout=120)
+    # Exactly python_instance_main's pip step for a .zip (pip of this interpreter, run as the venv's).
     install = subprocess.run(
-        [str(vpy), "-m", "pip", "install", "--disable-pip-version-check", "-t", str(instance_dir),
-         "--no-index", "--find-links", str(deps_dir), *dep_wheels],
-        env=env, cwd=instance_dir, capture_output=True, text=True, timeout=240)
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install",
+         "--disable-pip-version-check", "-t", str(instance_dir), "--no-index", "--find-links", str(deps_dir),
+         *dep_wheels], env=env, cwd=instance_dir, capture_output=True, text=True, timeout=240)
     assert install.returncode == 0, install.stderr[-3000:]
-
     dists = sorted({canonical_name(r.split(";")[0].split("[")[0].split(">")[0].split("=")[0].split("<")[0].strip())
                     for r in requirements})
+    return {"instance_dir": instance_dir, "basename": basename, "deps_dir": deps_dir,
+            "class_names": class_names, "dists": dists, "env": env}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("worker_protobuf", ["3.20.3", "6.31.1", NEWEST])
+def test_zip_imports_and_runs_on_the_workers_protobuf(tmp_path: Path, installed_zip: Dict[str, object],
+                                                      worker_protobuf: str) -> None:
+    """Pulsar's images pin protobuf 3.20.x (newer ones 6.x): every className loads and the bucket
+    protobufs work on the protobuf the worker imported first, from 3.20.3 to the newest."""
+    env = installed_zip["env"]
+    instance_dir = installed_zip["instance_dir"]
+    venv = tmp_path / "worker"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, env=env, timeout=120)
+    vpy = venv / "bin" / "python"
+    # The worker's own protobuf in its site-packages (3.20.3: the pure-python py2.py3 wheel).
+    spec = ["--no-index", "--find-links", str(installed_zip["deps_dir"]), "protobuf"] \
+        if worker_protobuf == NEWEST else [f"protobuf=={worker_protobuf}"]
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(vpy), "install", "-q",
+                          "--disable-pip-version-check", *spec], env=env, capture_output=True, text=True, timeout=240)
+    assert pip.returncode == 0, pip.stderr[-3000:]
+
     check = subprocess.run(
-        [str(vpy), "-c", _CHECK, str(instance_dir), basename, json.dumps(class_names), json.dumps(dists)],
-        env=env, cwd=instance_dir, capture_output=True, text=True, timeout=120)
+        [str(vpy), "-c", _CHECK, str(instance_dir), installed_zip["basename"], json.dumps(installed_zip["class_names"]),
+         json.dumps(installed_zip["dists"])],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)  # not cwd: '' leads sys.path
     assert check.returncode == 0, check.stderr[-3000:]
     report = json.loads(check.stdout.strip().splitlines()[-1])
-    assert report["classes"] == {name: "ok" for name in class_names}
+    version, location = report["protobuf"]
+    assert location.startswith(str(venv)), f"protobuf must be the worker's, got {location}"
+    if worker_protobuf != NEWEST:
+        assert version == worker_protobuf
+    assert report["classes"] == {name: "ok" for name in installed_zip["class_names"]}
     bad = {m: r for m, r in report["modules"].items() if r != "ok"}
     assert not bad, bad
     for expected in ("pulsar", "yaml", "fastavro", "pyroaring", "bookkeeper", "grpc", "boto3"):
         assert report["modules"].get(expected) == "ok", report["modules"]
     # The library came from the zip's src/, not from the dev install.
-    assert report["pulsar_lifecycle"].startswith(str(instance_dir / basename / "src"))
+    assert report["pulsar_lifecycle"].startswith(str(instance_dir / installed_zip["basename"] / "src"))
+    assert report["bucket"] == [[i + 1, f"p{e}.{b}", "v"] for i, (e, b) in
+                                enumerate((e, b) for e in range(3) for b in range(2))]
 
 
 def test_zip_layout_without_deps(tmp_path: Path) -> None:

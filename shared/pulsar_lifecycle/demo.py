@@ -137,11 +137,93 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
                        ["message", "deliver at", "released at", "lateness"], rows, ok and len(set(at)) == len(got), note)
 
 
+def _wait_started(runner: LocalRunner, timeout: float = 15.0) -> None:
+    """Wait until the runner's function built its service (on its first tick)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and getattr(runner.functions()[0], "service", None) is None:
+        time.sleep(0.05)
+
+
+def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
+    """DelayLevelProducer -> delay-level partitions -> DelayLevelSyncer -> BucketSnapshotWriter:
+    parked messages are forwarded a lookahead before their deliver-at and released on time."""
+    from .delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
+    from .delaylevel.producer import DelayLevelProducer
+    from .delaylevel.rule import ORIGIN_PARTITION_PROP
+    from .scheduler.service import RELEASED_AT_PROP
+    from .timing import DelayedProducer, now_ms
+
+    ns = "persistent://public/default"
+    sched, business, wticks, sticks = (f"{ns}/dl-demo-scheduling", f"{ns}/dl-demo-orders",
+                                       f"{ns}/dl-demo-writer-ticks", f"{ns}/dl-demo-syncer-ticks")
+    unit_s, max_s, lookahead_ms = 3, 30, 1000
+    bytes_serde = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
+    wcfg = load_function_config(configs / "bucket-snapshot-writer.yaml")
+    writer = start_function(configs / "bucket-snapshot-writer.yaml", broker, data_dir, name="dl-demo-writer",
+                            subName="dl-demo-writer", output=business, inputSpecs={wticks: bytes_serde},
+                            userConfig=dict(wcfg["userConfig"], schedulingTopic=sched, tickTopic=wticks,
+                                            tickTimeMillis=200, snapshotDir=str(data_dir / "dl-demo-snapshots"),
+                                            schedulingSubscription="dl-demo-writer"))
+    scfg = load_function_config(configs / "delay-level-syncer.yaml")
+    strategy = DelayLevelTopicPartitionStrategy(max_s, PartitionBy.SECONDS, unit_seconds=unit_s)
+    syncer = start_function(configs / "delay-level-syncer.yaml", broker, data_dir, name="dl-demo-syncer",
+                            subName="dl-demo-syncer", inputSpecs={sticks: bytes_serde},
+                            userConfig=dict(scfg["userConfig"], delayLevelTopic=f"{business}-delay-level",
+                                            schedulingTopic=sched, schedulingSubscription="dl-demo-writer",
+                                            partitionBy="SECONDS", unitSeconds=unit_s,
+                                            messageMaximumDelayTimeSeconds=max_s, lookaheadMillis=lookahead_ms,
+                                            tickTopic=sticks, tickTimeMillis=200))
+    client = quiet_client(broker.service_url)
+    watch = client.subscribe(sched, "dl-demo-watch", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest)
+    out = client.subscribe(business, "dl-demo-reader", consumer_type=pulsar.ConsumerType.Shared,
+                           initial_position=pulsar.InitialPosition.Earliest)
+    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy)
+    delays = {"in-1s": 1000, "in-4.5s": 4500, "in-8s": 8000, "in-13s": 13000}
+    sent, forwarded, released = {}, {}, {}
+    try:
+        _wait_started(writer)
+        _wait_started(syncer)
+        start = now_ms()
+        for name, d in delays.items():
+            sent[name] = (start + d, producer.send(name.encode(), deliver_at_ms=start + d))
+        deadline = time.monotonic() + max(delays.values()) / 1000 + 15
+        while len(released) < len(delays) and time.monotonic() < deadline:
+            for consumer, into in ((watch, forwarded), (out, released)):
+                try:
+                    m = consumer.receive(timeout_millis=50)
+                except pulsar.Timeout:
+                    continue
+                props = m.properties()
+                at = int(props[RELEASED_AT_PROP]) if into is released else m.publish_timestamp()
+                if into is released or ORIGIN_PARTITION_PROP in props:
+                    into[m.data().decode()] = at
+                consumer.acknowledge(m)
+    finally:
+        producer.close()
+        client.close()
+        syncer.stop()
+        writer.stop()
+    rows, ok = [], len(released) == len(delays)
+    for name, (deliver_at, where) in sent.items():
+        rel = released.get(name)
+        fwd = forwarded.get(name)
+        path = f"partition {where.partition}" if where.parked else "near-term"
+        ok = ok and rel is not None and rel >= deliver_at and (not where.parked or (fwd is not None and fwd < deliver_at))
+        rows.append([name, path, f"+{deliver_at - start} ms", f"+{fwd - start} ms" if fwd else "-",
+                     f"+{rel - start} ms" if rel else "not released", f"{rel - deliver_at} ms" if rel else "-"])
+    note = (f"delay-level topic {business}-delay-level: {strategy.partitions} partitions of {unit_s} s; "
+            f"parked messages are forwarded {lookahead_ms} ms before their slice ends")
+    return SceneResult("delay-level-syncer + bucket-snapshot-writer",
+                       ["message", "path", "deliver at", "forwarded at", "released at", "lateness"], rows, ok, note)
+
+
 def _snapshot_count(store: Any) -> int:
     return len(store.list_snapshots())
 
 
-SCENES: List[Callable[[EmbeddedBroker, Path, Path], SceneResult]] = [scene_example, scene_delayed_delivery]
+SCENES: List[Callable[[EmbeddedBroker, Path, Path], SceneResult]] = [scene_example, scene_delayed_delivery,
+                                                                   scene_delay_level]
 
 
 def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None) -> bool:

@@ -5,6 +5,7 @@ from dataclasses import fields
 from typing import List
 
 from .bucket.config import BucketConfig
+from .delaylevel.config import SYNCER_KEYS
 from .scheduler.config import WRITER_KEYS, bucket_keys
 
 BUCKET_MEANINGS = {
@@ -32,5 +33,15 @@ def writer_table() -> str:
     return "\n".join(rows)
 
 
+def syncer_table() -> str:
+    """The DelayLevelSyncer userConfig table (Markdown)."""
+    rows: List[str] = ["| key | default | meaning |", "|---|---|---|"]
+    for key, (_attr, default, meaning) in SYNCER_KEYS.items():
+        rows.append(f"| `{key}` | {_md(default)} | {meaning} |")
+    return "\n".join(rows)
+
+
 if __name__ == "__main__":  # pragma: no cover - `python -m pulsar_lifecycle.docs_reference`
     print(writer_table())
+    print()
+    print(syncer_table())

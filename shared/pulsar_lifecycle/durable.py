@@ -6,7 +6,7 @@ package (bucket journal, snapshots, manifest, cursor, the directory state store 
 function state and dedup snapshots) goes through this module, so a failure to persist is always
 a `DurableWriteError` naming the path and the errno, raised before the caller acks anything.
 
-No Pulsar, no package imports: a leaf module.
+No Pulsar; imports only the package's error root.
 """
 from __future__ import annotations
 
@@ -17,12 +17,14 @@ import threading
 from pathlib import Path
 from typing import Optional, Union
 
+from .exceptions import PulsarLifecycleError
+
 log = logging.getLogger(__name__)
 
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class DurableWriteError(OSError):
+class DurableWriteError(OSError, PulsarLifecycleError):
     """Data could not be made durable at `path` (errno says why: ENOSPC, EROFS, EIO, ...).
 
     A subclass of OSError, so callers that already turn OSError into their own error keep

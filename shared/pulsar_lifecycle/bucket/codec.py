@@ -138,6 +138,17 @@ def encode_framed(message: DelayedMessage, ts: int) -> bytes:
     return frame(encode_item(message, ts))
 
 
+def release_ts(deliver_at: int, floor: int) -> int:
+    """The release-key timestamp of an item added while `floor` is the lowest allowed one
+    (last released ts + 1, or the durable horizon + 1 after a restart; 1 on a fresh index)."""
+    return deliver_at if deliver_at > floor else floor
+
+
+def make_item(message: DelayedMessage, ts: int) -> Item:
+    """The engine's item for `message` with release-key timestamp `ts`: (ts, ledger, entry, framed)."""
+    return (ts, message.ledger_id, message.entry_id, encode_framed(message, ts))
+
+
 def decode_framed(framed: bytes) -> Tuple[ReleaseKey, DelayedMessage]:
     """(release key, message) of one framed item."""
     seg = parse(SnapshotSegment, framed, "framed DelayedIndex")

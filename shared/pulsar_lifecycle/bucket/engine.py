@@ -46,7 +46,8 @@ from .codec import (
     ReleaseCursor,
     SnapshotMetadata,
     decode_framed,
-    encode_framed,
+    make_item,
+    release_ts,
     encode_journal_cancel,
     frame,
     index_id_of,
@@ -59,6 +60,7 @@ from .codec import (
 )
 from .config import BucketConfig
 from .keys import bucket_key
+from .manifest import MANIFEST_FORMAT_VERSION, bucket_ref, manifest_bytes
 from .merge_policy import select_merge_window
 from .metrics import OpMetrics
 from .records import (
@@ -71,12 +73,12 @@ from .records import (
     Release,
     ReleaseKey,
 )
+from .sealing import pulsar_seal_due
 from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata
 from .storage import BucketSnapshotStorage, StorageError
 
 logger = logging.getLogger(__name__)
 
-MANIFEST_FORMAT_VERSION = 1
 _PLACEHOLDER = -1  # ledger id of a heap head whose segment is not loaded (sorts first at equal ts)
 
 ObsoleteCallback = Callable[[int, str], None]
@@ -127,14 +129,8 @@ class _Bucket:
         return self.cur >= len(self.seg_min)
 
     def ref(self) -> "BucketRef":
-        return BucketRef(
-            bucket_id=self.bucket_id,
-            bucket_key=self.key,
-            start_ledger_id=self.start_ledger,
-            end_ledger_id=self.end_ledger,
-            snapshot_length=self.snapshot_length,
-            index_count=self.index_count,
-        )
+        return bucket_ref(self.bucket_id, self.key, self.start_ledger, self.end_ledger,
+                          self.snapshot_length, self.index_count)
 
 
 def _seg_arrays(segments: Sequence[CutSegment]) -> Tuple[array, array, array]:
@@ -510,13 +506,13 @@ class BucketIndex:
         return results
 
     def _pulsar_seal_due(self, ledger: int, mutable_end: int, mutable_count: int) -> bool:
-        # Pulsar's rule: a message of a newer ledger, no immutable bucket covering it, and the
-        # mutable bucket holding >= delayedDeliveryMinIndexCountPerBucket indexes.
-        if mutable_count == 0 or ledger <= mutable_end:
+        # Pulsar's rule (sealing.py); the coverage scan only runs when the count rule holds.
+        if mutable_count == 0 or ledger <= mutable_end \
+                or mutable_count < self.config.delayed_delivery_min_index_count_per_bucket:
             return False
-        if mutable_count < self.config.delayed_delivery_min_index_count_per_bucket:
-            return False
-        return not any(b.start_ledger <= ledger <= b.end_ledger for b in self._buckets)
+        return pulsar_seal_due(ledger, mutable_end, mutable_count,
+                               self.config.delayed_delivery_min_index_count_per_bucket,
+                               covered=any(b.start_ledger <= ledger <= b.end_ledger for b in self._buckets))
 
     def _flush(self, batch: List[Tuple[int, DelayedMessage]], results: List[bool]) -> None:
         """Journal a batch, then make it visible to pop_due."""
@@ -531,8 +527,7 @@ class BucketIndex:
             items = []
             by_ledger: Dict[int, List[int]] = {}
             for _, m in batch:
-                ts = m.deliver_at if m.deliver_at > floor else floor
-                items.append((ts, m.ledger_id, m.entry_id, encode_framed(m, ts)))
+                items.append(make_item(m, release_ts(m.deliver_at, floor)))
                 entries = by_ledger.get(m.ledger_id)
                 if entries is None:
                     by_ledger[m.ledger_id] = [m.entry_id]
@@ -739,18 +734,9 @@ class BucketIndex:
 
     # ---------------------------------------------------------------------- manifest --------
     def _manifest_bytes(self, buckets: Sequence[_Bucket], journal_cut: int) -> bytes:
-        man = Manifest(
-            format_version=MANIFEST_FORMAT_VERSION,
-            buckets=[b.ref() for b in buckets],
-            journal_cut=journal_cut,
-            max_bucket_id=max([self._max_bucket_id] + [b.bucket_id for b in buckets]),
-            pending_delete=sorted(self._pending_delete),
-        )
-        for ledger, data in self._seen.to_proto_map().items():
-            man.seen[ledger] = data
-        for ledger, data in self._tombstones.to_proto_map().items():
-            man.tombstones[ledger] = data
-        return man.SerializeToString()
+        return manifest_bytes([b.ref() for b in buckets], seen=self._seen, tombstones=self._tombstones,
+                              journal_cut=journal_cut, max_bucket_id=self._max_bucket_id,
+                              pending_delete=self._pending_delete)
 
     def _write_manifest(self, buckets: Sequence[_Bucket], journal_cut: Optional[int] = None) -> None:
         with self._lock:

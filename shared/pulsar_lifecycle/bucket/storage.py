@@ -51,7 +51,11 @@ class BucketSnapshotStorage(Protocol):
         """Write a whole snapshot durably; returns its bucket id."""
 
     def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> SnapshotWriter:
-        """Start a snapshot to be written segment by segment (allocates the bucket id)."""
+        """Start a snapshot to be written segment by segment (allocates the bucket id).
+
+        The backends also take `bucket_id=` (an id from `reserve_bucket_ids(count)`, which
+        reserves consecutive ids durably): the offline seeder writes snapshots from several
+        processes under ids its driver reserved."""
 
     def get_metadata(self, bucket_id: int) -> bytes:
         """Entry 0 (SnapshotMetadata bytes)."""
@@ -111,9 +115,11 @@ def check_entry_range(bucket_id: int, first: int, last: int, segments: int) -> N
 
 
 def write_whole(storage: BucketSnapshotStorage, metadata: bytes, segments: Sequence[bytes],
-                bucket_key: str, topic: str, cursor: str) -> int:
-    """create_snapshot in terms of begin_snapshot (shared by the backends)."""
-    writer = storage.begin_snapshot(bucket_key, topic, cursor)
+                bucket_key: str, topic: str, cursor: str, bucket_id: Optional[int] = None) -> int:
+    """create_snapshot in terms of begin_snapshot (shared by the backends); `bucket_id` = an id
+    reserved with reserve_bucket_ids (None = allocate one)."""
+    writer = (storage.begin_snapshot(bucket_key, topic, cursor) if bucket_id is None
+              else storage.begin_snapshot(bucket_key, topic, cursor, bucket_id=bucket_id))
     try:
         for seg in segments:
             writer.add_segment(seg)
@@ -159,11 +165,31 @@ class MemorySnapshotStorage:
         self._journal_next = 1
         self._manifest: Optional[bytes] = None
         self._cursor: Optional[bytes] = None
+        self._index_id: Optional[str] = None
 
-    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _MemoryWriter:
+    def get_index_id(self) -> Optional[str]:
+        return self._index_id
+
+    def put_index_id(self, index_id: str) -> None:
+        self._index_id = index_id
+
+    def describe(self) -> str:
+        return "memory snapshot storage"
+
+    def reserve_bucket_ids(self, count: int) -> int:
+        """Reserve `count` consecutive ids for begin_snapshot(bucket_id=...); returns the first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise StorageError(f"memory storage: reserve count must be a positive int, got {count!r}")
         with self._lock:
-            self._next_id += 1
-            bid = self._next_id
+            self._next_id += count
+            return self._next_id - count + 1
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str,
+                       bucket_id: Optional[int] = None) -> _MemoryWriter:
+        if bucket_id is None:
+            bid = self.reserve_bucket_ids(1)
+        else:
+            bid = check_bucket_id(bucket_id)
         return _MemoryWriter(self, bid, {"bucket_key": bucket_key, "topic": topic, "cursor": cursor})
 
     def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,

@@ -205,10 +205,22 @@ class BookKeeperTableSnapshotStorage:
             raise StorageError(f"{self!r}: bucket id counter key holds bytes, expected a counter")
         return int(kv.number_value)
 
-    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _BkWriter:
-        # Single writer per index: increment then read gives the id we allocated.
-        self._call(self._table.incr, self._k("ids"), 1)
-        bid = self._counter()
+    def reserve_bucket_ids(self, count: int) -> int:
+        """Reserve `count` consecutive ids for begin_snapshot(bucket_id=...); returns the first.
+        Call it from one process (the seeder's driver): increment then read is not atomic."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise StorageError(f"{self!r}: reserve count must be a positive int, got {count!r}")
+        self._call(self._table.incr, self._k("ids"), count)
+        return self._counter() - count + 1
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str,
+                       bucket_id: Optional[int] = None) -> _BkWriter:
+        if bucket_id is None:
+            # Single writer per index: increment then read gives the id we allocated.
+            self._call(self._table.incr, self._k("ids"), 1)
+            bid = self._counter()
+        else:
+            bid = check_bucket_id(bucket_id)
         info = {"bucket_key": bucket_key, "topic": topic, "cursor": cursor}
         self._put_value(self._info_key(bid), json.dumps(dict(info, state="writing")).encode())
         return _BkWriter(self, bid, info)
@@ -350,6 +362,18 @@ class BookKeeperTableSnapshotStorage:
 
     def put_cursor(self, data: bytes) -> None:
         self._put_value(self._k("cursor"), bytes(data), replace=True)
+
+    def get_index_id(self) -> Optional[str]:
+        """The id of the index this store holds (see scheduler/index_identity.py), or None."""
+        raw = self._get_value(self._k("index-id"))
+        return raw.decode("ascii", "replace").strip() if raw is not None else None
+
+    def put_index_id(self, index_id: str) -> None:
+        self._put_value(self._k("index-id"), index_id.encode("ascii"), replace=True)
+
+    def describe(self) -> str:
+        """Where this store lives, for messages to operators."""
+        return f"BookKeeper table {self!r}"
 
     def close(self) -> None:
         if self._own_table:

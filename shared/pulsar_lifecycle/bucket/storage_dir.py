@@ -141,7 +141,8 @@ class DirectorySnapshotStorage:
     def _snap_path(self, bucket_id: int) -> Path:
         return self._snap_dir / f"{bucket_id:020d}.snap"
 
-    def _allocate_id(self) -> int:
+    def _allocate_id(self, count: int = 1) -> int:
+        """Hand out `count` consecutive new ids durably; returns the first."""
         counter = self.root / "next_bucket_id"
         with self._lock:
             if self._last_id is None:
@@ -154,17 +155,25 @@ class DirectorySnapshotStorage:
                 # Never reuse an id even if the counter file was lost.
                 existing = self.list_snapshots()
                 self._last_id = max([last] + existing)
-            bid = self._last_id + 1
+            last = self._last_id + count
             try:
-                atomic_write(counter, str(bid).encode())
+                atomic_write(counter, str(last).encode())
             except OSError as exc:
                 raise StorageError(f"directory storage {self.root}: cannot persist bucket id counter: {exc}") from exc
-            self._last_id = bid
-            return bid
+            self._last_id = last
+            return last - count + 1
 
-    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> _DirWriter:
+    def reserve_bucket_ids(self, count: int) -> int:
+        """Durably reserve `count` consecutive bucket ids for begin_snapshot(bucket_id=...) (an
+        offline seeder writing from several processes); returns the first."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise StorageError(f"directory storage {self.root}: reserve count must be a positive int, got {count!r}")
+        return self._allocate_id(count)
+
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str, bucket_id: Optional[int] = None) -> _DirWriter:
+        """Start a snapshot under a new id, or under `bucket_id` reserved with reserve_bucket_ids."""
         info = json.dumps({"bucket_key": bucket_key, "topic": topic, "cursor": cursor}).encode()
-        return _DirWriter(self, self._allocate_id(), info)
+        return _DirWriter(self, self._allocate_id() if bucket_id is None else check_bucket_id(bucket_id), info)
 
     def create_snapshot(self, metadata: bytes, segments: Sequence[bytes], bucket_key: str,
                         topic: str, cursor: str) -> int:
@@ -379,6 +388,18 @@ class DirectorySnapshotStorage:
 
     def put_cursor(self, data: bytes) -> None:
         self._put("cursor.bin", data)
+
+    def get_index_id(self) -> Optional[str]:
+        """The id of the index this store holds (see scheduler/index_identity.py), or None."""
+        raw = self._get("index-id")
+        return raw.decode("ascii", "replace").strip() if raw is not None else None
+
+    def put_index_id(self, index_id: str) -> None:
+        self._put("index-id", index_id.encode("ascii"))
+
+    def describe(self) -> str:
+        """Where this store lives, for messages to operators."""
+        return f"snapshot directory {self.root.resolve()}"
 
     def close(self) -> None:
         with self._jlock:

@@ -114,6 +114,7 @@ class OutMessage:
     properties: Optional[Mapping[str, str]] = None
     partition_key: Optional[str] = None
     event_timestamp: Optional[int] = None
+    deliver_at: Optional[int] = None  # broker delayed delivery (ms since epoch); None = now
 
 
 # publish_many gives a message its own completion callback above this size: pulsar-client fails
@@ -468,8 +469,9 @@ class DedupPublisher:
         assert ch.producer is not None
         callback = (lambda res, msg_id: self._on_send_complete(ch, pending, res, msg_id)) if pending.tracked else None
         try:
+            extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
             ch.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
-                                   sequence_id=m.sequence_id, event_timestamp=m.event_timestamp)
+                                   sequence_id=m.sequence_id, event_timestamp=m.event_timestamp, **extra)
         except Exception as exc:
             self._strand(ch, pending, f"send raised: {exc}")
             log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", ch.topic, self.producer_name,

@@ -9,8 +9,10 @@ from typing import IO, Any, List
 from ..bucket import BucketIndex
 from ..bucket.storage_dir import DirectorySnapshotStorage
 from ..dedup.publisher import DedupPublisher
+from ..runtime.context_api import pulsar_client
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
+from .index_identity import STATE_KEY, check_index_identity
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
 
@@ -25,15 +27,38 @@ def bookkeeper_snapshot_storage(service_url: str, tenant: str, namespace: str, n
     return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, re.sub(r"[^A-Za-z0-9_]", "_", f"{name}_buckets"))
 
 
+def default_snapshot_dir(context: Any) -> Path:
+    """`<--data-dir>/buckets/<tenant>_<namespace>_<name>[-instance-<i>]` under the local runner.
+
+    Anywhere else (Pulsar's own runtime) there is no default: a worker's working directory is
+    neither durable nor the same after a reschedule, so snapshotDir must be explicit.
+    """
+    data_dir = getattr(context, "data_dir", None)
+    if not data_dir:
+        raise ValueError("userConfig snapshotDir is required with snapshotStorage=directory outside "
+                         "`pulsar-lifecycle localrun` (or use snapshotStorage=bookkeeper)")
+    table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
+    instance = int(context.get_instance_id())
+    # Instance 0 keeps the name earlier versions used (`.pulsar-lifecycle/buckets/<table>` = the default data dir).
+    return Path(data_dir) / "buckets" / (table if instance == 0 else f"{table}-instance-{instance}")
+
+
 def open_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> Any:
     """The configured BucketSnapshotStorage backend; handles to close later go to `resources`."""
-    table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
     if cfg.snapshot_storage == "bookkeeper":
         return bookkeeper_snapshot_storage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
                                            context.get_function_namespace(), context.get_function_name())
-    path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else Path(".pulsar-lifecycle") / "buckets" / table
+    path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context)
     resources.append(lock_exclusively(path))
     return DirectorySnapshotStorage(path)
+
+
+def state_location(context: Any, key_prefix: str) -> str:
+    """How to name this instance's dedup state in an error message."""
+    fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
+    store = getattr(getattr(context, "state", None), "path", None)
+    where = f" in {store}" if store is not None else ""
+    return f"state key {key_prefix}{STATE_KEY} of {fqfn}{where}"
 
 
 def lock_exclusively(path: Path) -> IO[str]:
@@ -65,12 +90,19 @@ def build_service(context: Any) -> SchedulerService:
     publisher = None
     try:
         storage = open_snapshot_storage(cfg, context, resources)
-        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
+        deleter = _snapshot_deleter(cfg, context, scheduling)
+        if deleter is not None:
+            resources.append(deleter)  # closed with the service: its producers before the client
+        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=deleter)
         producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
-        client = context.get_pulsar_client()
-        publisher = DedupPublisher(client, producer_name,
-                                   ContextStateStore(context, prefix=f"dedup/{context.get_instance_id()}/"))
-        publisher.open(default_target)
+        client = pulsar_client(context)
+        prefix = f"dedup/{context.get_instance_id()}/"
+        dedup_state = ContextStateStore(context, prefix=prefix)
+        publisher = DedupPublisher(client, producer_name, dedup_state)
+        published = publisher.open(default_target)
+        # Before recovery: a new index gets its sequence base written into its cursor here.
+        check_index_identity(storage, dedup_state, state_location=state_location(context, prefix),
+                             published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         source_factory = None
         if direct:
             sub = SchedulingSubscription(
@@ -103,7 +135,7 @@ def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) ->
     from ..timing import DelayedProducer
     from .snapshot_deletion import TwoPhaseSnapshotDeleter
 
-    client = context.get_pulsar_client()
+    client = pulsar_client(context)
     topics = DeletionTopics(namespace=cfg.snapshot_deletion_namespace, topic_name=cfg.snapshot_deletion_topic_name,
                             parallelism=cfg.snapshot_deletion_parallelism)
     delayed = DelayedProducer(client, backend="scheduler", scheduling_topic=scheduling_topic)

@@ -13,7 +13,10 @@ from ..bucket.protocol import (
     parse_deliver_at,
 )
 from ..bucket.records import DelayedMessage
+from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from . import positions
+
+DEDUP_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ def classify(
     target = properties.get(TARGET_PROP) or None
     if target is not None and not any(target.startswith(p) for p in allowed_target_prefixes):
         return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix (allowed: {list(allowed_target_prefixes)})")
-    props = {k: v for k, v in properties.items() if k != TARGET_PROP}
+    # An upstream DedupPublisher's own properties (e.g. the delay-level syncer's forwards) are
+    # not the release's: the release publisher adds its own and refuses foreign ones.
+    props = {k: v for k, v in properties.items() if k != TARGET_PROP and k not in DEDUP_PROPERTIES}
     return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,
                           payload=bytes(payload), key=key or None, properties=props,
                           event_time=int(event_time or 0), target=target)

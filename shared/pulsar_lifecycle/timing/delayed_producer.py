@@ -8,10 +8,11 @@ Two backends, chosen by configuration:
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
@@ -19,6 +20,28 @@ from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 from ..scheduler.positions import format_message_ref
 
 BACKENDS = ("broker", "scheduler")
+MAX_TIME_MS = 2**63 - 1  # Pulsar's deliverAtTime is a Java long
+
+
+def check_time_ms(name: str, value: Any) -> int:
+    """`value` as whole milliseconds, or ValueError naming `name` and the value.
+
+    Refuses bool, NaN, infinities and negatives (int(nan) would raise a message that names
+    neither the argument nor the value); a fraction is rounded up, never early.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of milliseconds, got {type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"{name} must be a number of milliseconds, got NaN")
+        if math.isinf(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    out = math.ceil(value)
+    if out < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    if out > MAX_TIME_MS:
+        raise ValueError(f"{name} must be at most {MAX_TIME_MS} (int64), got {value!r}")
+    return out
 
 
 def now_ms() -> int:
@@ -53,6 +76,24 @@ class DelayedProducer:
                 self._producers[topic] = prod
             return prod
 
+    def _prepare(self, topic: str, deliver_at_ms: int, properties: Optional[Mapping[str, str]], key: Optional[str],
+                 event_timestamp: Optional[int]) -> Tuple[str, Dict[str, str], Dict[str, Any]]:
+        """(topic to send to, properties, send kwargs) of one delayed message."""
+        deliver_at_ms = check_time_ms("deliver_at_ms", deliver_at_ms)
+        props = dict(properties or {})
+        kwargs: Dict[str, Any] = {}
+        if key is not None:
+            kwargs["partition_key"] = key
+        if event_timestamp:
+            kwargs["event_timestamp"] = int(event_timestamp)
+        if self.backend == "broker":
+            kwargs["deliver_at"] = int(deliver_at_ms)
+            return topic, props, kwargs
+        props[DELIVER_AT_PROP] = str(int(deliver_at_ms))
+        props[TARGET_PROP] = topic
+        assert self.scheduling_topic is not None
+        return self.scheduling_topic, props, kwargs
+
     def send(
         self,
         topic: str,
@@ -63,26 +104,34 @@ class DelayedProducer:
         event_timestamp: Optional[int] = None,
     ) -> pulsar.MessageId:
         """Deliver `payload` to `topic` no earlier than `deliver_at_ms`; returns the sent message id."""
-        if deliver_at_ms < 0:
-            raise ValueError(f"deliver-at time must not be negative, got {deliver_at_ms}")
-        props = dict(properties or {})
-        kwargs = {}
-        if key is not None:
-            kwargs["partition_key"] = key
-        if event_timestamp:
-            kwargs["event_timestamp"] = int(event_timestamp)
-        if self.backend == "broker":
-            return self._producer(topic).send(payload, properties=props, deliver_at=int(deliver_at_ms), **kwargs)
-        props[DELIVER_AT_PROP] = str(int(deliver_at_ms))
-        props[TARGET_PROP] = topic
-        assert self.scheduling_topic is not None
-        return self._producer(self.scheduling_topic).send(payload, properties=props, **kwargs)
+        dest, props, kwargs = self._prepare(topic, deliver_at_ms, properties, key, event_timestamp)
+        return self._producer(dest).send(payload, properties=props, **kwargs)
+
+    def send_async(
+        self,
+        topic: str,
+        payload: bytes,
+        deliver_at_ms: int,
+        callback: Callable[[pulsar.Result, pulsar.MessageId], None],
+        properties: Optional[Mapping[str, str]] = None,
+        key: Optional[str] = None,
+        event_timestamp: Optional[int] = None,
+    ) -> None:
+        """Like send(), without waiting: `callback(result, message_id)` runs on the client's thread."""
+        dest, props, kwargs = self._prepare(topic, deliver_at_ms, properties, key, event_timestamp)
+        self._producer(dest).send_async(payload, callback, properties=props, **kwargs)
+
+    def flush(self) -> None:
+        """Wait until every message sent so far is confirmed or failed."""
+        with self._lock:
+            producers = list(self._producers.values())
+        for prod in producers:
+            prod.flush()
 
     def send_after(self, topic: str, payload: bytes, delay_ms: int, **kw) -> pulsar.MessageId:
         """Like send(), with a delay relative to now."""
-        if delay_ms < 0:
-            raise ValueError(f"delay must not be negative, got {delay_ms} ms")
-        return self.send(topic, payload, now_ms() + int(delay_ms), **kw)
+        delay = check_time_ms("delay_ms", delay_ms)
+        return self.send(topic, payload, now_ms() + delay, **kw)
 
     def cancel(self, message_id: pulsar.MessageId) -> pulsar.MessageId:
         """Ask the scheduler to drop a not-yet-released message (scheduler backend only)."""

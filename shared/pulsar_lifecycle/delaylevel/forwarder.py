@@ -1,0 +1,257 @@
+"""`PartitionForwarder`: one delay-level partition -> the near-term path, exactly once.
+
+One thread per partition. It holds the partition's head message and sleeps until the head's
+forward time (no polling: the embedded broker has neither delayed delivery nor seek on live
+consumers, and none is needed, since forward times are monotone within a partition). When the
+head is due it takes the following messages that are due too (up to `forward_batch_size`),
+publishes them through its own DedupPublisher (producer `<prefix>-p<k>`, sequence ids from the
+source positions), waits until the broker confirmed them, and only then acks them.
+
+Memory: the consumer's receiver queue (bounded) plus one held head; never the backlog.
+A crash anywhere leaves the unacked messages on the subscription; they come back in order and
+the publisher drops what is already on the target topic (same names, same ids).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Tuple
+
+import pulsar
+
+from ..bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
+from ..scheduler.positions import format_message_ref
+from .errors import ParkedMessageError
+from .rule import BASE_PROP, LEVEL_PROP, ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, forward_at, parse_parked, sequence_id
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder"]
+
+ERROR_PROP = "__pl_error__"  # the reason on a dead-lettered message (as the writer's -INVALID topic)
+IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
+MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
+FLUSH_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class ForwardPolicy:
+    """What a forwarder needs to decide, shared by all partitions of one syncer."""
+
+    unit_ms: int
+    lookahead_ms: int
+    batch_size: int
+    near_term_topic: Optional[str]  # the scheduling topic; None = broker backend (the business topic, deliver_at)
+    dead_letter_topic: str
+    target_exists: Optional[Callable[[str], bool]]  # None = no check (no admin API / onMissingTarget=forward)
+    wait_for_room: Callable[[threading.Event], None]  # back-pressure: returns when the writer can take more
+    clock: Callable[[], int]
+
+
+@dataclass
+class ForwarderStats:
+    """Counters and gauges of one partition (read by the metrics loop)."""
+
+    forwarded: int = 0
+    dead_lettered: int = 0
+    cancelled: int = 0
+    duplicates: int = 0
+    next_forward_at: int = 0  # 0 = no head held
+    forward_lag_ms: int = 0  # how late the last batch's head left compared with its forward time
+
+
+@dataclass
+class _Pending:
+    """A cancel waiting for its target; `ack` acknowledges the cancel request."""
+
+    ack: Callable[[], None]
+
+
+class PartitionForwarder:
+    """Forwards one partition's parked messages at their forward times (see module docstring)."""
+
+    def __init__(self, k: int, topic: str, consumer: pulsar.Consumer, publisher: DedupPublisher,
+                 policy: ForwardPolicy, stop: threading.Event) -> None:
+        self.k = k
+        self.topic = topic
+        self.consumer = consumer
+        self.publisher = publisher
+        self.policy = policy
+        self.stop = stop
+        self.stats = ForwarderStats()
+        self.failure: Optional[BaseException] = None
+        self._head: Optional[pulsar.Message] = None
+        self._lock = threading.Lock()
+        self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
+        self._cancels: Dict[int, _Pending] = {}
+        self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
+
+    # -- cancellation ------------------------------------------------------------------------
+
+    def cancel(self, seq: int, ack: Callable[[], None]) -> str:
+        """Register a cancel of the message with sequence id `seq`: "pending" (it is still parked;
+        `ack` runs once it is dropped or found missing) or "too-late" (already forwarded)."""
+        with self._lock:
+            if seq <= self._claimed:
+                return "too-late"
+            self._cancels[seq] = _Pending(ack)
+            return "pending"
+
+    # -- the loop --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the partition's thread."""
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        """Wait for the thread to end (after `stop` is set)."""
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        """True while the thread runs."""
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                self._step()
+        except BaseException as exc:  # the service sees it through `failure` and is rebuilt
+            self.failure = exc
+            log.error("event=delay_level_forwarder_failed partition=%s error=%r", self.topic, exc)
+            self.stop.set()
+
+    def _receive(self, timeout_ms: int) -> Optional[pulsar.Message]:
+        try:
+            return self.consumer.receive(timeout_millis=timeout_ms)
+        except pulsar.Timeout:
+            return None
+
+    def _due_at(self, msg: pulsar.Message) -> int:
+        """The forward time of `msg`; a malformed parked message is due now (it is dead-lettered)."""
+        try:
+            p = parse_parked(msg.properties(), self.k)
+        except ParkedMessageError:
+            return 0
+        return forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
+
+    def _step(self) -> None:
+        head = self._head or self._receive(IDLE_WAIT_MS)
+        self._head = head
+        if head is None:
+            self.stats.next_forward_at = 0
+            return
+        due = self._due_at(head)
+        self.stats.next_forward_at = due
+        wait_ms = due - self.policy.clock()
+        if wait_ms > 0:
+            # Hold the head and sleep until it is due: later messages are due no earlier.
+            self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
+            return
+        batch = [head]
+        self._head = None
+        while len(batch) < self.policy.batch_size:
+            nxt = self._receive(1)
+            if nxt is None:
+                break
+            if self._due_at(nxt) > self.policy.clock():
+                self._head = nxt  # not due yet: it is the next head
+                break
+            batch.append(nxt)
+        self.policy.wait_for_room(self.stop)
+        if self.stop.is_set():
+            return  # unacked: redelivered to the next consumer
+        self.stats.forward_lag_ms = max(0, self.policy.clock() - due)
+        self._forward(batch)
+
+    # -- one batch -------------------------------------------------------------------------
+
+    def _forward(self, batch: List[pulsar.Message]) -> None:
+        groups: List[Tuple[str, List[OutMessage]]] = []
+        dropped: List[Tuple[pulsar.Message, _Pending]] = []
+        kinds: List[str] = []
+        not_found: List[_Pending] = []
+        with self._lock:
+            for msg in batch:
+                mid = msg.message_id()
+                seq = sequence_id(mid.ledger_id(), mid.entry_id(), mid.batch_index())
+                cancel = self._cancels.pop(seq, None)
+                # Cancels of positions this batch passes without meeting them: the target is gone.
+                for missing in [s for s in self._cancels if s < seq]:
+                    log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
+                    not_found.append(self._cancels.pop(missing))
+                self._claimed = max(self._claimed, seq)
+                if cancel is not None:
+                    dropped.append((msg, cancel))
+                    continue
+                topic, out, kind = self._out_message(msg, seq)
+                kinds.append(kind)
+                if groups and groups[-1][0] == topic:
+                    groups[-1][1].append(out)
+                else:
+                    groups.append((topic, [out]))
+        outcomes = []
+        for topic, msgs in groups:
+            outcomes += self.publisher.publish_many(topic, msgs)
+        # Ack only what the broker confirmed: flush raises if any send failed.
+        self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
+        for msg, cancel in dropped:
+            self.consumer.acknowledge(msg)
+            cancel.ack()
+            self.stats.cancelled += 1
+            log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
+        for msg in batch:
+            if not any(msg is d for d, _ in dropped):
+                self.consumer.acknowledge(msg)
+        for pending in not_found:
+            pending.ack()
+        for kind, outcome in zip(kinds, outcomes):
+            if outcome.value == "duplicate":
+                self.stats.duplicates += 1
+            elif kind == "dead-letter":
+                self.stats.dead_lettered += 1
+            else:
+                self.stats.forwarded += 1
+
+    def _out_message(self, msg: pulsar.Message, seq: int) -> Tuple[str, OutMessage, str]:
+        """(topic, message, "forward" | "dead-letter") for one due parked message."""
+        props = {k: v for k, v in msg.properties().items() if k not in RESERVED_PROPERTIES}
+        props[ORIGIN_PARTITION_PROP] = self.topic
+        props[ORIGIN_MSG_ID_PROP] = _ref(msg)
+        key = msg.partition_key() or None
+        event_time = msg.event_timestamp() or None
+        reason = None
+        deliver_at: Optional[int] = None
+        try:
+            parked = parse_parked(props, self.k)
+            deliver_at = parked.deliver_at
+            if self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
+                reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
+        except ParkedMessageError as exc:
+            reason = f"malformed parked message: {exc}"
+        if reason is not None:
+            props[ERROR_PROP] = reason
+            log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, _ref(msg), reason)
+            return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"
+        for internal in (BASE_PROP, LEVEL_PROP):
+            props.pop(internal, None)
+        if self.policy.near_term_topic is not None:
+            return self.policy.near_term_topic, OutMessage(msg.data(), seq, props, key, event_time), "forward"
+        target = props.pop(TARGET_PROP)
+        assert deliver_at is not None and DELIVER_AT_PROP in props
+        return target, OutMessage(msg.data(), seq, props, key, event_time, deliver_at=deliver_at), "forward"
+
+    def resolve_passed_cancels(self) -> None:
+        """Ack cancels whose target position the partition has already passed (not found)."""
+        with self._lock:
+            passed = [s for s in self._cancels if s <= self._claimed]
+            pend = [self._cancels.pop(s) for s in passed]
+        for p in pend:
+            p.ack()
+
+
+def _ref(msg: pulsar.Message) -> str:
+    mid = msg.message_id()
+    return format_message_ref(mid.ledger_id(), mid.entry_id(), mid.batch_index())

@@ -1,0 +1,195 @@
+"""`DelayLevelProducer`: the seed's enableDelayLevelTopic / delayLevelTopic /
+delayLevelTopicPartitionStrategy over a pulsar.Client.
+
+A delay shorter than one unit (or a deliver-at already past) goes straight to the near-term path
+(`timing.DelayedProducer`: the writer's scheduling topic, or broker deliver_at on a real Pulsar);
+a longer one is parked in its delay-level partition, addressed by name. A delay above the
+strategy's maximum raises DelayTooLongError: nothing is silently dropped or clamped.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping, Optional, Tuple
+
+import pulsar
+
+from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+from ..scheduler.positions import format_message_ref
+from ..timing.delayed_producer import DelayedProducer, now_ms
+from .rule import (
+    BASE_PROP,
+    CANCEL_PARTITION_PROP,
+    LEVEL_PROP,
+    cancel_topic,
+    default_delay_level_topic,
+    partition_topic,
+)
+from .strategy import DelayLevelTopicPartitionStrategy
+
+__all__ = ["DelayLevelMessageId", "DelayLevelProducer", "SendCallback"]
+
+_RESERVED = (DELIVER_AT_PROP, TARGET_PROP, BASE_PROP, LEVEL_PROP)
+
+
+@dataclass(frozen=True)
+class DelayLevelMessageId:
+    """Where a message went: a delay-level partition (`partition` >= 0) or the near-term path."""
+
+    topic: str
+    partition: Optional[int]
+    message_id: pulsar.MessageId
+
+    @property
+    def parked(self) -> bool:
+        """True when the message sits in a delay-level partition."""
+        return self.partition is not None
+
+
+SendCallback = Callable[[pulsar.Result, Optional[DelayLevelMessageId]], None]
+
+
+class DelayLevelProducer:
+    """Sends delayed messages for one business topic, parking long delays in delay-level partitions.
+
+    Args:
+        client: the pulsar.Client to produce with.
+        topic: the business topic (where the message is finally delivered).
+        near_term: the near-term path (DelayedProducer, scheduler or broker backend).
+        strategy: partitioning of the delay-level topic (the seed's defaults: 30 days, DAY).
+        delay_level_topic: its name; default `<topic>-delay-level` (rule.default_delay_level_topic).
+        enabled: the seed's enableDelayLevelTopic; False sends every message on the near-term path.
+        clock: ms since the epoch (the producer's clock; recorded on each parked message).
+    """
+
+    def __init__(self, client: pulsar.Client, topic: str, near_term: DelayedProducer, *,
+                 strategy: Optional[DelayLevelTopicPartitionStrategy] = None,
+                 delay_level_topic: Optional[str] = None, enabled: bool = True,
+                 clock: Callable[[], int] = now_ms, batching_max_publish_delay_ms: int = 5,
+                 max_pending_messages: int = 1000) -> None:
+        if not topic:
+            raise ValueError("DelayLevelProducer needs the business topic")
+        self.client = client
+        self.topic = topic
+        self.near_term = near_term
+        self.strategy = strategy or DelayLevelTopicPartitionStrategy()
+        self.delay_level_topic = delay_level_topic or default_delay_level_topic(topic)
+        self.enabled = enabled
+        self.clock = clock
+        self._batch_delay_ms = batching_max_publish_delay_ms
+        self._max_pending = max_pending_messages
+        self._producers: Dict[str, pulsar.Producer] = {}
+        self._lock = threading.Lock()
+
+    def _producer(self, topic: str) -> pulsar.Producer:
+        with self._lock:
+            prod = self._producers.get(topic)
+            if prod is None:
+                # Batched like the writer's producers: pulsar-lite dispatches unbatched messages
+                # about 100x more slowly, and the syncer's sequence ids include the batch index.
+                prod = self.client.create_producer(topic, batching_enabled=True, block_if_queue_full=True,
+                                                   batching_max_publish_delay_ms=self._batch_delay_ms,
+                                                   max_pending_messages=self._max_pending)
+                self._producers[topic] = prod
+            return prod
+
+    def _route(self, deliver_at_ms: Optional[int], delay_ms: Optional[int]) -> Tuple[int, int, Optional[int]]:
+        """(deliver-at, now, partition or None)."""
+        if (deliver_at_ms is None) == (delay_ms is None):
+            raise ValueError("give exactly one of deliver_at_ms and delay_ms")
+        now = self.clock()
+        if delay_ms is not None:
+            if delay_ms < 0:
+                raise ValueError(f"delay must not be negative, got {delay_ms} ms")
+            deliver_at_ms = now + int(delay_ms)
+        assert deliver_at_ms is not None
+        if deliver_at_ms < 0:
+            raise ValueError(f"deliver-at time must not be negative, got {deliver_at_ms}")
+        # A deliver-at in the past is delivered now: delay 0, near-term path.
+        partition = self.strategy.partition_for(max(0, deliver_at_ms - now)) if self.enabled else None
+        return int(deliver_at_ms), now, partition
+
+    def _parked_props(self, properties: Optional[Mapping[str, str]], deliver_at: int, now: int, k: int) -> Dict[str, str]:
+        props = dict(properties or {})
+        for name in _RESERVED:
+            if name in props:
+                raise ValueError(f"message property {name!r} is reserved for delay-level topics")
+        props.update({DELIVER_AT_PROP: str(deliver_at), TARGET_PROP: self.topic, BASE_PROP: str(now), LEVEL_PROP: str(k)})
+        return props
+
+    def send(self, payload: bytes, *, deliver_at_ms: Optional[int] = None, delay_ms: Optional[int] = None,
+             properties: Optional[Mapping[str, str]] = None, key: Optional[str] = None,
+             event_timestamp: Optional[int] = None) -> DelayLevelMessageId:
+        """Send and wait for the broker; returns where the message went."""
+        deliver_at, now, k = self._route(deliver_at_ms, delay_ms)
+        if k is None:
+            mid = self.near_term.send(self.topic, payload, deliver_at, properties, key, event_timestamp)
+            return DelayLevelMessageId(self._near_term_topic(), None, mid)
+        dest = partition_topic(self.delay_level_topic, k)
+        kwargs = self._kwargs(key, event_timestamp)
+        mid = self._producer(dest).send(payload, properties=self._parked_props(properties, deliver_at, now, k), **kwargs)
+        return DelayLevelMessageId(dest, k, mid)
+
+    def send_async(self, payload: bytes, callback: SendCallback, *, deliver_at_ms: Optional[int] = None,
+                   delay_ms: Optional[int] = None, properties: Optional[Mapping[str, str]] = None,
+                   key: Optional[str] = None, event_timestamp: Optional[int] = None) -> None:
+        """Send without waiting; `callback(result, DelayLevelMessageId or None)` runs on the client's
+        thread. Routing errors (delay too long, bad arguments) raise here, before anything is sent."""
+        deliver_at, now, k = self._route(deliver_at_ms, delay_ms)
+        if k is None:
+            dest = self._near_term_topic()
+
+            def near(res: pulsar.Result, mid: pulsar.MessageId) -> None:
+                callback(res, DelayLevelMessageId(dest, None, mid) if res == pulsar.Result.Ok else None)
+            self.near_term.send_async(self.topic, payload, deliver_at, near, properties, key, event_timestamp)
+            return
+        part = partition_topic(self.delay_level_topic, k)
+
+        def parked(res: pulsar.Result, mid: pulsar.MessageId) -> None:
+            callback(res, DelayLevelMessageId(part, k, mid) if res == pulsar.Result.Ok else None)
+        self._producer(part).send_async(payload, parked, properties=self._parked_props(properties, deliver_at, now, k),
+                                        **self._kwargs(key, event_timestamp))
+
+    def cancel(self, sent: DelayLevelMessageId) -> pulsar.MessageId:
+        """Cancel a message sent by this producer. A parked message is cancelled through the
+        syncer (`<delay-level topic>-CANCEL`), which drops it when it reaches the head of its
+        partition; a near-term one through the writer's tombstone (scheduler backend)."""
+        if not sent.parked:
+            return self.near_term.cancel(sent.message_id)
+        mid = sent.message_id
+        ref = format_message_ref(mid.ledger_id(), mid.entry_id(), mid.batch_index())
+        return self._producer(cancel_topic(self.delay_level_topic)).send(
+            b"", properties={CANCEL_PROP: ref, CANCEL_PARTITION_PROP: str(sent.partition)})
+
+    def _near_term_topic(self) -> str:
+        if self.near_term.backend == "scheduler" and self.near_term.scheduling_topic:
+            return self.near_term.scheduling_topic
+        return self.topic
+
+    @staticmethod
+    def _kwargs(key: Optional[str], event_timestamp: Optional[int]) -> Dict[str, object]:
+        out: Dict[str, object] = {}
+        if key is not None:
+            out["partition_key"] = key
+        if event_timestamp:
+            out["event_timestamp"] = int(event_timestamp)
+        return out
+
+    def flush(self) -> None:
+        """Wait until every message sent so far is confirmed or failed."""
+        with self._lock:
+            producers = list(self._producers.values())
+        for prod in producers:
+            prod.flush()
+        self.near_term.flush()
+
+    def close(self) -> None:
+        """Flush and close the producers this object opened (not the near-term path's)."""
+        with self._lock:
+            producers, self._producers = list(self._producers.values()), {}
+        for prod in producers:
+            try:
+                prod.flush()
+                prod.close()
+            except pulsar.PulsarException:  # closing is best effort; the client may be gone
+                pass

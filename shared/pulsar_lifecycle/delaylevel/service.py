@@ -1,0 +1,299 @@
+"""`DelayLevelSyncerService`: every partition's forwarder, the cancel intake, back-pressure,
+the partition-count guard (grow / shrink) and metrics. Built by `wiring.build_syncer`."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import pulsar
+
+from ..bucket_protocol import CANCEL_PROP
+from ..bucket.protocol import ProtocolError, parse_cancel_target
+from ..dedup.publisher import DedupPublisher
+from ..state.base import StateStore
+from .admin import AdminView, retention_problems, split_topic
+from .config import SyncerConfig
+from .errors import ParkedMessageError, ShrinkRefusedError
+from .forwarder import ForwardPolicy, PartitionForwarder
+from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
+
+log = logging.getLogger(__name__)
+
+__all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_partition_count"]
+
+PARTITIONS_KEY = "delay-level/partitions"
+SHRINK_PROBE_MS = 1000
+OPEN_PARALLELISM = 16  # how long a removed partition is probed for a parked message
+
+
+@dataclass
+class BacklogGate:
+    """Back-pressure: blocks forwarders while the writer's subscription backlog is above `limit`."""
+
+    admin: Optional[AdminView]
+    topic: str
+    subscription: str
+    limit: int
+    interval_ms: int
+    backlog: int = -1  # last value read (-1 = unknown / not checked)
+    paused_ms: int = 0  # total time forwarders waited
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._checked = 0.0
+
+    @property
+    def enabled(self) -> bool:
+        """True when the writer's lag can be read (admin API, subscription) and a limit is set."""
+        return self.admin is not None and bool(self.subscription) and self.limit > 0
+
+    def _read(self) -> int:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._checked >= self.interval_ms / 1000.0:
+                self._checked = now
+                try:
+                    got = self.admin.subscription_backlog(self.topic, self.subscription) if self.admin else None
+                except Exception as exc:  # an unreachable admin API must not stop forwarding
+                    log.warning("event=delay_level_backlog_unreadable topic=%s error=%r", self.topic, exc)
+                    got = None
+                self.backlog = -1 if got is None else got
+            return self.backlog
+
+    def wait_for_room(self, stop: threading.Event) -> None:
+        """Return when the writer's backlog is at most the limit (or unknown), or on stop."""
+        if not self.enabled:
+            return
+        started = time.monotonic()
+        logged = False
+        while not stop.is_set() and self._read() > self.limit:
+            if not logged:
+                log.warning("event=delay_level_backpressure topic=%s subscription=%s backlog=%d limit=%d",
+                            self.topic, self.subscription, self.backlog, self.limit)
+                logged = True
+            stop.wait(self.interval_ms / 1000.0)
+        with self._lock:
+            self.paused_ms += int((time.monotonic() - started) * 1000)
+
+
+def check_partition_count(state: StateStore, partitions: int, has_backlog: Callable[[int], bool]) -> int:
+    """Grow freely, shrink only if every removed partition is empty; returns the previous count.
+
+    The count is remembered in the state store, so a restart with a smaller strategy is caught
+    even though the producers' partitions outlive any configuration."""
+    raw = state.get(PARTITIONS_KEY)
+    previous = int(raw.decode()) if raw else 0
+    if previous > partitions:
+        for k in range(partitions, previous):
+            if has_backlog(k):
+                raise ShrinkRefusedError(
+                    f"refusing to shrink the delay-level topic from {previous} to {partitions} partitions: "
+                    f"partition {k} still holds parked messages (restore the strategy, or wait until they are forwarded)")
+    if previous != partitions:
+        state.put(PARTITIONS_KEY, str(partitions).encode())
+        log.info("event=delay_level_partitions_changed previous=%d partitions=%d", previous, partitions)
+    return previous
+
+
+class DelayLevelSyncerService:
+    """Runs one forwarder per partition plus the cancel intake; `healthy` turns False on a failure."""
+
+    def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
+                 state: StateStore, record_metric: Callable[[str, float], None],
+                 admin: Optional[AdminView] = None, clock: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+        self.cfg = cfg
+        self.client = client
+        self.subscription = subscription
+        self.producer_prefix = producer_prefix
+        self.state = state
+        self.record_metric = record_metric
+        self.admin = admin
+        self.clock = clock
+        self.strategy = cfg.strategy
+        self.stop_event = threading.Event()
+        self.forwarders: List[PartitionForwarder] = []
+        self._publishers: List[DedupPublisher] = []
+        self._consumers: List[pulsar.Consumer] = []
+        self._cancel_consumer: Optional[pulsar.Consumer] = None
+        self._threads: List[threading.Thread] = []
+        self.failure: Optional[BaseException] = None
+        self.gate = BacklogGate(admin, cfg.scheduling_topic, cfg.scheduling_subscription, cfg.max_near_term_backlog,
+                                cfg.backlog_check_interval_millis)
+        self.retention_problems: List[str] = []
+
+    # -- start -----------------------------------------------------------------------------
+
+    def _subscribe(self, topic: str, queue: int) -> pulsar.Consumer:
+        # Shared: the one subscription type pulsar-lite gets right; Earliest: messages parked
+        # before the syncer first ran are forwarded too.
+        return self.client.subscribe(topic, self.subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                     initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=queue)
+
+    def _has_backlog(self, k: int) -> bool:
+        consumer = self._subscribe(partition_topic(self.cfg.delay_level_topic, k), 1)
+        try:
+            consumer.receive(timeout_millis=SHRINK_PROBE_MS)
+            return True
+        except pulsar.Timeout:
+            return False
+        finally:
+            consumer.close()  # an unacked probe is redelivered to the next consumer
+
+    def start(self) -> "DelayLevelSyncerService":
+        """Check the partition count and policies, open everything, start the threads."""
+        cfg = self.cfg
+        n = self.strategy.partitions
+        check_partition_count(self.state, n, self._has_backlog)
+        if self.admin is not None:
+            self._check_retention()
+        policy = ForwardPolicy(
+            unit_ms=self.strategy.unit_ms, lookahead_ms=cfg.lookahead_millis, batch_size=cfg.forward_batch_size,
+            near_term_topic=cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else None,
+            dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
+            target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
+            wait_for_room=self.gate.wait_for_room, clock=self.clock)
+        try:
+            for k in range(n):
+                publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
+                                           snapshot_interval=100, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
+                self._publishers.append(publisher)
+            if policy.near_term_topic is not None:
+                # Recover every partition's dedup map before the first forward; in parallel, since
+                # each recovery probes the topic's end (about 0.5 s on an idle topic).
+                near = policy.near_term_topic
+                with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
+                    list(pool.map(lambda p: p.open(near), self._publishers))
+            for k, publisher in enumerate(self._publishers):
+                topic = partition_topic(cfg.delay_level_topic, k)
+                consumer = self._subscribe(topic, cfg.receiver_queue_size)
+                self._consumers.append(consumer)
+                self.forwarders.append(PartitionForwarder(k, topic, consumer, publisher, policy, self.stop_event))
+            self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000)
+        except BaseException:
+            self.stop()
+            raise
+        for fw in self.forwarders:
+            fw.start()
+        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-metrics", self._metrics_loop)):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("event=delay_level_syncer_started topic=%s partitions=%d strategy=%r backend=%s",
+                 cfg.delay_level_topic, n, str(self.strategy), cfg.near_term_backend)
+        return self
+
+    def _check_retention(self) -> None:
+        assert self.admin is not None
+        try:
+            policies = self.admin.namespace_policies(self.cfg.delay_level_topic)
+        except Exception as exc:  # the check is advice; forwarding does not depend on it
+            log.warning("event=delay_level_retention_unchecked topic=%s error=%r", self.cfg.delay_level_topic, exc)
+            return
+        _, tenant, namespace, _ = split_topic(self.cfg.delay_level_topic)
+        ns = f"{tenant}/{namespace}"
+        self.retention_problems = retention_problems(policies, self.strategy.message_maximum_delay_time_seconds, ns)
+        for problem in self.retention_problems:
+            log.error("event=delay_level_retention_risk topic=%s problem=%r", self.cfg.delay_level_topic, problem)
+
+    def _target_exists(self, topic: str) -> bool:
+        assert self.admin is not None
+        try:
+            return self.admin.topic_exists(topic)
+        except Exception as exc:  # unknown is not "deleted": forward rather than dead-letter
+            log.warning("event=delay_level_target_unchecked target=%s error=%r", topic, exc)
+            return True
+
+    # -- cancels ---------------------------------------------------------------------------
+
+    def _cancel_loop(self) -> None:
+        consumer = self._cancel_consumer
+        assert consumer is not None
+        try:
+            while not self.stop_event.is_set():
+                try:
+                    msg = consumer.receive(timeout_millis=500)
+                except pulsar.Timeout:
+                    for fw in self.forwarders:
+                        fw.resolve_passed_cancels()
+                    continue
+                self._apply_cancel(consumer, msg)
+        except BaseException as exc:
+            self.failure = exc
+            log.error("event=delay_level_cancel_loop_failed error=%r", exc)
+            self.stop_event.set()
+
+    def _apply_cancel(self, consumer: pulsar.Consumer, msg: pulsar.Message) -> None:
+        props = msg.properties()
+        try:
+            ledger, entry, batch = parse_cancel_target(props.get(CANCEL_PROP, ""))
+            k = int(props.get(CANCEL_PARTITION_PROP, ""))
+            if not 0 <= k < len(self.forwarders):
+                raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic}")
+            seq = sequence_id(ledger, entry, batch)
+        except (ProtocolError, ValueError, ParkedMessageError) as exc:
+            log.warning("event=delay_level_cancel_invalid msg_id=%s error=%r", msg.message_id(), exc)
+            consumer.acknowledge(msg)
+            return
+        outcome = self.forwarders[k].cancel(seq, lambda: consumer.acknowledge(msg))
+        log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
+        if outcome == "too-late":
+            # Already forwarded: the near-term index has it under a position we do not know.
+            consumer.acknowledge(msg)
+
+    # -- metrics and health ----------------------------------------------------------------
+
+    def metrics(self) -> Dict[str, float]:
+        """Current values under Pulsar-style names (labels in braces, as the local runner parses)."""
+        out: Dict[str, float] = {
+            "pulsar_delay_level_forwarded_total": sum(f.stats.forwarded for f in self.forwarders),
+            "pulsar_delay_level_dead_lettered_total": sum(f.stats.dead_lettered for f in self.forwarders),
+            "pulsar_delay_level_cancelled_total": sum(f.stats.cancelled for f in self.forwarders),
+            "pulsar_delay_level_duplicates_total": sum(f.stats.duplicates for f in self.forwarders),
+            "pulsar_delay_level_partitions": len(self.forwarders),
+            "pulsar_delay_level_near_term_backlog": self.gate.backlog,
+            "pulsar_delay_level_backpressure_paused_ms_total": self.gate.paused_ms,
+            "pulsar_delay_level_retention_problems": len(self.retention_problems),
+        }
+        for f in self.forwarders:
+            out[f'pulsar_delay_level_next_forward_time_ms{{partition="{f.k}"}}'] = f.stats.next_forward_at
+            out[f'pulsar_delay_level_forward_lag_ms{{partition="{f.k}"}}'] = f.stats.forward_lag_ms
+        return out
+
+    def _metrics_loop(self) -> None:
+        while not self.stop_event.wait(self.cfg.metrics_interval_seconds):
+            for name, value in self.metrics().items():
+                try:
+                    self.record_metric(name, value)
+                except Exception as exc:  # metrics must never stop forwarding
+                    log.debug("event=delay_level_metric_failed name=%s error=%r", name, exc)
+
+    @property
+    def healthy(self) -> bool:
+        """False once a forwarder or the cancel loop failed (the function then rebuilds the service)."""
+        return not self.stop_event.is_set() and self.failure is None and all(f.failure is None for f in self.forwarders)
+
+    @property
+    def failure_reason(self) -> Optional[BaseException]:
+        """The first failure seen."""
+        return self.failure or next((f.failure for f in self.forwarders if f.failure is not None), None)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the threads, close consumers (unacked messages are redelivered) and publishers."""
+        self.stop_event.set()
+        for fw in self.forwarders:
+            fw.join(timeout_s)
+        for t in self._threads:
+            t.join(timeout_s)
+        for c in self._consumers + ([self._cancel_consumer] if self._cancel_consumer else []):
+            try:
+                c.close()
+            except Exception as exc:  # closing during a broker outage must not hide the real error
+                log.warning("event=delay_level_consumer_close_failed error=%r", exc)
+        for p in self._publishers:
+            p.close(timeout_s=timeout_s)
+        if self.admin is not None:
+            self.admin.close()

@@ -1,0 +1,248 @@
+"""`spark seed`: build a writer's bucket snapshots from exported backlog files on Spark.
+
+Driver: check the store is empty (no manifest, cursor or journal; a crashed seed's unreferenced
+snapshots are removed, as the writer's recovery would), count rows per ledger, plan buckets over
+whole-ledger ranges with the engine's seal rule and the bucket-count limit (bucket/sealing.py),
+collect the cancel requests (few) into tombstones, reserve one bucket id per planned bucket.
+Executors (groupBy(bucket).applyInPandas, the fastest path measured here): classify, order, cut
+and write one bucket each through the storage interface (seeding.py). Driver again: the
+manifest from the executors' small per-bucket results, written last and atomically: until then
+a writer would see an empty store and delete the new snapshots as orphans.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, List, Sequence
+
+from ..bucket.bitmap import LedgerBitmaps
+from ..bucket.codec import Manifest, ReleaseCursor, parse
+from ..bucket.config import BucketConfig
+from ..bucket.manifest import bucket_ref, manifest_from_maps
+from ..bucket.sealing import plan_ledger_buckets
+from ..bucket.storage import BucketSnapshotStorage
+from ..bucket_protocol import CANCEL_PROP
+from ..scheduler.index_identity import seq_base_for_new_index
+from ..scheduler.intake import Cancel
+from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
+from .errors import SparkJobError
+from .progress import JobProgress
+from .seeding import build_bucket, tombstones_of, write_bucket
+from .store import exclusive, open_store
+
+log = logging.getLogger(__name__)
+
+ROW_COLUMNS = ("ledger_id", "entry_id", "batch_index", "partition", "payload", "properties", "key", "event_time")
+RESULT_DDL = ("bucket_no int, bucket_id long, bucket_key string, start_ledger long, end_ledger long, "
+              "snapshot_length long, index_count long, segments int, min_ts long, max_ts long, seen binary, "
+              "rows long, duplicates long, cancelled long, cancels long, invalid long, invalid_examples string")
+MAX_CANCELS_ON_DRIVER = 5_000_000
+AVRO_FORMAT = "org.apache.spark.sql.avro.AvroFileFormat"  # built into Spark 4 without the spark-avro module
+
+
+@dataclass
+class SeedReport:
+    """What a seed did (printed as the summary, written as JSON with --report)."""
+
+    store: str
+    inputs: List[str]
+    rows: int = 0
+    items: int = 0
+    buckets: int = 0
+    segments: int = 0
+    duplicates: int = 0
+    cancelled: int = 0
+    cancel_requests: int = 0
+    tombstones: int = 0
+    invalid: int = 0
+    invalid_examples: List[str] = field(default_factory=list)
+    bucket_ids: List[int] = field(default_factory=list)
+    planned_threshold: int = 0
+    index_id: str = ""
+    seconds: float = 0.0
+    rows_per_s: float = 0.0
+
+    def to_json(self) -> str:
+        """The report as JSON text."""
+        return json.dumps(asdict(self), indent=2)
+
+
+def read_backlog(spark: Any, inputs: Sequence[str], fmt: str = "parquet") -> Any:
+    """The exported rows as a DataFrame (Parquet, or Avro through Spark's built-in Avro format)."""
+    if not inputs:
+        raise SparkJobError("no input files given")
+    reader = spark.read.format(AVRO_FORMAT if fmt == "avro" else "parquet")
+    try:
+        df = reader.load(list(inputs))
+    except Exception as exc:  # AnalysisException for a missing path, etc.
+        raise SparkJobError(f"cannot read backlog {list(inputs)} as {fmt}: {str(exc).splitlines()[0]}") from exc
+    missing = [c for c in ROW_COLUMNS if c not in df.columns]
+    if missing:
+        raise SparkJobError(f"backlog {list(inputs)} lacks columns {missing} (export-backlog writes {list(COLUMNS)})")
+    return df
+
+
+def check_empty(storage: BucketSnapshotStorage, url: str) -> None:
+    """Refuse a store a writer has used; drop snapshots no manifest references (a crashed seed).
+    A cursor with no watermark and no manifest is a crashed seed's too (its manifest is the
+    commit point) and is kept with its sequence base."""
+    cursor = storage.get_cursor()
+    released = cursor is not None and parse(ReleaseCursor, cursor, "release cursor").has_watermark
+    if storage.get_manifest() is not None or released or storage.journal_read():
+        raise SparkJobError(f"snapshot store {url} is not empty (it has a manifest, a release watermark or a "
+                            "journal): seed only a new store")
+    for bid in storage.list_snapshots(0):
+        log.warning("event=seed_drop_unreferenced_snapshot bucket=%d store=%s", bid, url)
+        storage.delete(bid)
+
+
+def bind_group(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """`fn` with its leading arguments bound, as a plain function for applyInPandas (which wants
+    a function, not a partial); Spark pickles `fn` by reference, `args` by value."""
+
+    def run(pdf: Any) -> Any:
+        return fn(*args, pdf)
+
+    return run
+
+
+def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tombstones: Dict[int, bytes],
+               pdf: Any) -> Any:
+    """The applyInPandas function (see bind_group): one group = one planned bucket, built and
+    written here."""
+    import pandas as pd  # executor side; pandas comes with the spark extra
+
+    bucket_no = int(pdf["bucket_no"].iloc[0])
+    tomb = LedgerBitmaps.from_proto_map(tombstones, "tombstones")
+    cols = [pdf[c].tolist() for c in ROW_COLUMNS]
+    build = build_bucket(zip(*cols), config, opts, tomb)
+    bucket_id = first_id + bucket_no
+    length = 0
+    if build.items:
+        storage = open_store(url)
+        try:
+            length = write_bucket(storage, bucket_id, build, config)
+        finally:
+            storage.close()
+    seen = Manifest()
+    for ledger, data in build.seen.to_proto_map().items():
+        seen.seen[ledger] = data
+    return pd.DataFrame([{
+        "bucket_no": bucket_no, "bucket_id": bucket_id if build.items else 0,
+        "bucket_key": build.key if build.items else "",
+        "start_ledger": build.start_ledger, "end_ledger": build.end_ledger, "snapshot_length": length,
+        "index_count": build.items, "segments": len(build.segments),
+        "min_ts": build.segments[0].min_ts if build.segments else 0,
+        "max_ts": build.segments[-1].max_ts if build.segments else 0,
+        "seen": seen.SerializeToString(), "rows": build.rows, "duplicates": build.duplicates,
+        "cancelled": build.cancelled, "cancels": build.cancels, "invalid": build.invalid,
+        "invalid_examples": json.dumps(build.invalid_examples),
+    }])
+
+
+def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, opts: ClassifyOptions, *,
+             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress) -> SeedReport:
+    """Seed the (empty) store at `url` from backlog files; returns the report. `max_buckets` > 0
+    lowers the bucket-count limit below config.delayed_delivery_max_num_buckets."""
+    from pyspark.sql import functions as F  # optional dependency: only this job needs it
+
+    t0 = time.monotonic()
+    report = SeedReport(store=url, inputs=list(inputs))
+    limit = config.delayed_delivery_max_num_buckets
+    if max_buckets > 0:
+        limit = max_buckets if limit == -1 else min(limit, max_buckets)
+    with exclusive(url):
+        storage = open_store(url)
+        try:
+            check_empty(storage, url)
+            progress.phase("plan buckets")
+            df = read_backlog(spark, inputs, fmt)
+            counts = [(int(r[0]), int(r[1])) for r in df.groupBy("ledger_id").count().collect()]
+            plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket, limit)
+            report.planned_threshold = min((c for _, _, c in plan), default=0)
+            progress.phase("cancel requests")
+            tomb = _tombstones(df, opts, report)
+            if not plan:
+                report.index_id = _claim_index(storage)
+                storage.put_manifest(manifest_from_maps([], seen={}, tombstones=tomb.to_proto_map(), journal_cut=0,
+                                                        max_bucket_id=0, pending_delete=()))
+                report.seconds = round(time.monotonic() - t0, 3)
+                return report
+            first = storage.reserve_bucket_ids(len(plan))
+            ledger_bucket, no = [], 0
+            for ledger, _ in sorted(counts):  # plan is in ledger order and covers every counted ledger
+                while ledger > plan[no][1]:
+                    no += 1
+                ledger_bucket.append((ledger, no))
+            ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
+            progress.phase("build and write buckets")
+            spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
+            out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
+                   .groupBy("bucket_no").applyInPandas(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
+                                                       RESULT_DDL))
+            results = sorted(out.collect(), key=lambda r: r["bucket_no"])
+            progress.phase("manifest")
+            refs, seen = [], {}
+            for r in results:
+                report.rows += r["rows"]
+                report.duplicates += r["duplicates"]
+                report.cancelled += r["cancelled"]
+                report.invalid += r["invalid"]
+                report.invalid_examples += json.loads(r["invalid_examples"])
+                if not r["index_count"]:
+                    continue
+                refs.append(bucket_ref(r["bucket_id"], r["bucket_key"], r["start_ledger"], r["end_ledger"],
+                                       r["snapshot_length"], r["index_count"]))
+                seen.update(parse(Manifest, r["seen"], f"bucket {r['bucket_id']} seen-set").seen)
+                report.items += r["index_count"]
+                report.segments += r["segments"]
+            progress.rows(report.rows)
+            report.index_id = _claim_index(storage)
+            storage.put_manifest(manifest_from_maps(refs, seen=seen, tombstones=tomb.to_proto_map(), journal_cut=0,
+                                                    max_bucket_id=first + len(plan) - 1, pending_delete=()))
+            report.buckets = len(refs)
+            report.bucket_ids = [r.bucket_id for r in refs]
+            report.invalid_examples = report.invalid_examples[:10]
+        finally:
+            storage.close()
+    report.seconds = round(time.monotonic() - t0, 3)
+    report.rows_per_s = round(report.rows / report.seconds) if report.seconds else 0
+    log.info("event=seed_done store=%s rows=%d items=%d buckets=%d segments=%d seconds=%.1f",
+             url, report.rows, report.items, report.buckets, report.segments, report.seconds)
+    return report
+
+
+def _claim_index(storage: BucketSnapshotStorage) -> str:
+    """Make the store a new index before its manifest (the commit point) is written: a cursor
+    with the sequence base of a new index (so releases never collide with ids an earlier index
+    published; scheduler/index_identity.py) and an index id the writer adopts at its first start."""
+    if storage.get_cursor() is None:
+        base = seq_base_for_new_index(int(time.time() * 1000), 0)
+        storage.put_cursor(ReleaseCursor(has_watermark=False, seq=base).SerializeToString())
+    index_id = storage.get_index_id() or uuid.uuid4().hex
+    storage.put_index_id(index_id)
+    return index_id
+
+
+def _tombstones(df: Any, opts: ClassifyOptions, report: SeedReport) -> LedgerBitmaps:
+    """Cancel requests of the backlog (collected: they are few) as tombstones."""
+    from pyspark.sql import functions as F  # optional dependency
+
+    cancels = df.where(F.col("properties").getItem(CANCEL_PROP).isNotNull()).select(*ROW_COLUMNS)
+    n = cancels.count()
+    if n > MAX_CANCELS_ON_DRIVER:
+        raise SparkJobError(f"the backlog holds {n} cancel requests, more than {MAX_CANCELS_ON_DRIVER} this seeder "
+                            "collects on the driver")
+    found = []
+    for r in cancels.toLocalIterator():
+        res = classify_row(int(r["ledger_id"]), int(r["entry_id"]), int(r["batch_index"]), int(r["partition"]),
+                           bytes(r["payload"]), as_properties(r["properties"]), r["key"], int(r["event_time"] or 0), opts)
+        if isinstance(res, Cancel):
+            found.append(res)
+    report.cancel_requests = len(found)
+    tomb = tombstones_of(found)
+    report.tombstones = len(tomb)
+    return tomb

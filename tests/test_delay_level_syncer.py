@@ -1,0 +1,189 @@
+"""DelayLevelProducer + DelayLevelSyncerService on the embedded broker (unit: 2 s)."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pulsar
+import pytest
+
+from helpers import drain
+from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
+from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY
+from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, DelayTooLongError, PartitionBy, ShrinkRefusedError
+from pulsar_lifecycle.delaylevel.admin import AdminView
+from pulsar_lifecycle.delaylevel.config import parse_syncer_config
+from pulsar_lifecycle.delaylevel.forwarder import ERROR_PROP
+from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.rule import ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, partition_topic
+from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.state.directory import DirectoryStateStore
+from pulsar_lifecycle.timing import DelayedProducer, now_ms
+from servers.pulsar_admin_server import PulsarAdminServer
+
+pytestmark = pytest.mark.integration
+UNIT_S = 2
+LOOKAHEAD_MS = 500
+
+
+def names(unique: str) -> Dict[str, str]:
+    ns = "persistent://public/default"
+    return {"business": f"{ns}/dl-biz-{unique}", "sched": f"{ns}/dl-sched-{unique}"}
+
+
+def make_service(client: pulsar.Client, tmp_path: Path, topics: Dict[str, str], *, admin: Optional[AdminView] = None,
+                 metrics: Optional[Dict[str, float]] = None, **user: Any) -> DelayLevelSyncerService:
+    cfg = parse_syncer_config({"delayLevelTopic": topics["business"] + "-delay-level", "schedulingTopic": topics["sched"],
+                               "partitionBy": "SECONDS", "unitSeconds": UNIT_S, "messageMaximumDelayTimeSeconds": 20,
+                               "lookaheadMillis": LOOKAHEAD_MS, "metricsIntervalSeconds": 1, **user})
+    sink = metrics if metrics is not None else {}
+    return DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="test-syncer",
+                                   state=DirectoryStateStore(tmp_path / "state", "public", "default", "syncer"),
+                                   record_metric=sink.__setitem__, admin=admin).start()
+
+
+def make_producer(client: pulsar.Client, topics: Dict[str, str], max_s: int = 20) -> DelayLevelProducer:
+    strategy = DelayLevelTopicPartitionStrategy(max_s, PartitionBy.SECONDS, unit_seconds=UNIT_S)
+    return DelayLevelProducer(client, topics["business"], DelayedProducer(client, scheduling_topic=topics["sched"]),
+                              strategy=strategy)
+
+
+def test_parked_messages_forwarded_on_time_with_everything_kept(broker, tmp_path, unique):
+    topics = names(unique)
+    client = quiet_client(broker.service_url)
+    producer = make_producer(client, topics)
+    metrics: Dict[str, float] = {}
+    try:
+        start = now_ms()
+        near = producer.send(b"near", delay_ms=500)
+        later = producer.send(b"later", delay_ms=5000, properties={"app": "x"}, key="k1", event_timestamp=12345)
+        soon = producer.send(b"soon", delay_ms=3000)
+        cancelled = producer.send(b"cancelled", delay_ms=9000)
+        past = producer.send(b"past", deliver_at_ms=start - 10_000)
+        assert (near.partition, later.partition, soon.partition, cancelled.partition, past.partition) == (None, 1, 0, 3, None)
+        assert later.topic == partition_topic(topics["business"] + "-delay-level", 1)
+        with pytest.raises(DelayTooLongError, match="exceeds the maximum"):
+            producer.send(b"too-long", delay_ms=20_001)
+        producer.cancel(cancelled)
+        service = make_service(client, tmp_path, topics, metrics=metrics)
+        got: List[pulsar.Message] = []
+        arrived: Dict[bytes, int] = {}
+
+        def note(ms: List[pulsar.Message]) -> bool:
+            for m in ms[len(arrived):]:
+                arrived[m.data()] = now_ms()
+            return False
+        got = drain(client, topics["sched"], "check", expect=4, timeout=14, stop=note)
+        note(got)
+        # The cancelled one would be due at +7.5 s: wait past that, nothing more may come.
+        got += drain(client, topics["sched"], "check", expect=1, timeout=max(0.5, (start + 9000 - now_ms()) / 1000))
+        service_metrics = service.metrics()
+        service.stop()
+    finally:
+        producer.close()
+    by = {m.data(): m for m in got}
+    assert sorted(by) == [b"later", b"near", b"past", b"soon"]  # cancelled one never forwarded
+    assert service_metrics["pulsar_delay_level_cancelled_total"] == 1
+    assert service_metrics["pulsar_delay_level_forwarded_total"] == 2
+    assert metrics.get("pulsar_delay_level_partitions") == 10  # recorded through record_metric
+    m = by[b"later"]
+    props = m.properties()
+    assert props[DELIVER_AT_PROP] == str(int(props[DELIVER_AT_PROP]))
+    deliver_at = int(props[DELIVER_AT_PROP])
+    assert start + 5000 <= deliver_at <= start + 5000 + 1000
+    assert props[TARGET_PROP] == topics["business"] and props["app"] == "x"
+    assert m.partition_key() == "k1" and m.event_timestamp() == 12345
+    assert props[ORIGIN_PARTITION_PROP] == later.topic
+    mid = later.message_id
+    assert props[ORIGIN_MSG_ID_PROP].startswith(f"{mid.ledger_id()}:{mid.entry_id()}")
+    assert props[PRODUCER_PROPERTY] == "test-syncer-p1"
+    # Never before its forward time (publish + 2 units - lookahead; base is the producer's clock).
+    assert m.publish_timestamp() >= deliver_at - 1000 - LOOKAHEAD_MS - 50
+    assert by[b"soon"].publish_timestamp() >= int(by[b"soon"].properties()[DELIVER_AT_PROP]) - 1000 - LOOKAHEAD_MS
+    # And it left the partition: a new consumer on the syncer's subscription finds nothing.
+    client2 = quiet_client(broker.service_url)
+    try:
+        left = drain(client2, later.topic, "syncer", expect=1, timeout=1.5)
+        assert left == []
+    finally:
+        client2.close()
+        client.close()
+
+
+def test_restart_forwards_every_message_exactly_once(broker, tmp_path, unique):
+    topics = names(unique)
+    client = quiet_client(broker.service_url)
+    producer = make_producer(client, topics)
+    n = 600
+    try:
+        for i in range(n):
+            producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=2000 + (i % 3) * 10)
+        producer.flush()
+        time.sleep(1.6)  # due now (2 s unit - 0.5 s lookahead)
+        for _ in range(3):  # stop mid-stream three times; the unacked rest is redelivered
+            service = make_service(client, tmp_path, topics, forwardBatchSize=50)
+            time.sleep(0.15)
+            service.stop()
+        service = make_service(client, tmp_path, topics, forwardBatchSize=50)
+        got = drain(client, topics["sched"], "count", expect=n, timeout=15)
+        got += drain(client, topics["sched"], "count", expect=1, timeout=1)  # no copies after the last
+        service.stop()
+    finally:
+        producer.close()
+        client.close()
+    payloads = [m.data() for m in got]
+    assert len(payloads) == n and len(set(payloads)) == n
+
+
+def test_missing_business_topic_dead_lettered_and_backpressure(broker, tmp_path, unique):
+    topics = names(unique)
+    client = quiet_client(broker.service_url)
+    producer = make_producer(client, topics)
+    with PulsarAdminServer() as admin_server:
+        admin_server.policies["public/default"] = {"message_ttl_in_seconds": 5, "backlog_quota_map": {}}
+        admin_server.backlogs[(topics["sched"], "writer")] = 50  # the writer lags
+        other = topics["business"] + "-other"
+        admin_server.topics.add(other)
+        try:
+            deleted = producer.send(b"to-deleted", delay_ms=2100)
+            DelayLevelProducer(client, other, producer.near_term, strategy=producer.strategy,
+                               delay_level_topic=producer.delay_level_topic).send(b"to-existing", delay_ms=2100)
+            service = make_service(client, tmp_path, topics, admin=AdminView.connect(admin_server.url, 60),
+                                   schedulingSubscription="writer", maxNearTermBacklog=10, backlogCheckIntervalMillis=100)
+            time.sleep(3)  # both due after 1.6 s; held back while the writer lags
+            held = drain(client, topics["sched"], "check", expect=1, timeout=0.5)
+            held += drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=0.5)
+            paused = service.metrics()
+            admin_server.backlogs[(topics["sched"], "writer")] = 3  # the writer caught up
+            dlq = drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=8)
+            released = drain(client, topics["sched"], "check", expect=1, timeout=8)
+            service.stop()
+        finally:
+            producer.close()
+            client.close()
+    assert [m.data() for m in dlq] == [b"to-deleted"]
+    assert "does not exist" in dlq[0].properties()[ERROR_PROP]
+    assert dlq[0].properties()[ORIGIN_PARTITION_PROP] == deleted.topic
+    assert held == [] and paused["pulsar_delay_level_near_term_backlog"] == 50
+    assert paused["pulsar_delay_level_retention_problems"] == 1  # TTL 5 s < max delay 20 s
+    assert [m.data() for m in released] == [b"to-existing"]
+
+
+def test_shrink_refused_while_a_removed_partition_has_parked_messages(broker, tmp_path, unique):
+    topics = names(unique)
+    client = quiet_client(broker.service_url)
+    producer = make_producer(client, topics, max_s=20)
+    try:
+        make_service(client, tmp_path, topics).stop()  # 10 partitions remembered
+        far = producer.send(b"far", delay_ms=19_000)
+        assert far.partition == 8
+        with pytest.raises(ShrinkRefusedError, match="partition 8 still holds parked messages"):
+            make_service(client, tmp_path, topics, messageMaximumDelayTimeSeconds=10)
+        grown = make_service(client, tmp_path, topics, messageMaximumDelayTimeSeconds=40)  # growing is fine
+        assert len(grown.forwarders) == 20
+        grown.stop()
+    finally:
+        producer.close()
+        client.close()
