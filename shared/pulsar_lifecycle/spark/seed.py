@@ -179,6 +179,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 ledger_bucket.append((ledger, no))
             ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
             progress.phase("build and write buckets")
+            progress.expect_rows(sum(c for _, c in counts))
             spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
             out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
                    .groupBy("bucket_no").applyInPandas(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
