@@ -158,7 +158,8 @@ def _writer_spec(unique: str, snapshot_dir: Path):
     cfg["output"] = f"persistent://public/default/dreleased-{unique}"
     cfg["name"] = f"dwriter-{unique}"
     cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(snapshot_dir), tickTimeMillis=200,
-                             schedulingTopic=sched, metricsIntervalSeconds=1)
+                             schedulingTopic=sched, metricsIntervalSeconds=1,
+                             tickMode="runner")  # the local runner's ticks start it (tick topic only input)
     return spec_from_config(cfg), sched
 
 

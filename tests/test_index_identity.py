@@ -104,7 +104,9 @@ def _spec(unique: str, **user):
     cfg["output"] = f"persistent://public/default/ireleased-{unique}"
     cfg["name"] = f"iwriter-{unique}"
     # No snapshotDir: the shipped default, inside --data-dir under the local runner.
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched, **user)
+    # tickMode runner: the local runner's ticks start it (the tick topic is the only input here).
+    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched,
+                             tickMode="runner", **user)
     return spec_from_config(cfg), sched
 
 
