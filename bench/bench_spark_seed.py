@@ -15,9 +15,13 @@
    engine's cost per row does not depend on N: one bucket in memory at a time). The buckets the
    baseline completes are compared byte for byte with the seeded ones.
 4. verify: `run_verify` of the seeded store (indexes/s), then again `--against` the export.
-5. writer: the real BucketSnapshotWriter (localrun, its own process, embedded broker) started on
-   the seeded store: time from process start to the first release arriving on the output topic,
-   and its RSS 10 s after start minus the RSS of the same writer started on an empty store.
+5. writer: (a) the writer's engine in a fresh process: BucketIndex(store).recover() and the first
+   pop_due, timed from creating the index, RSS growth over the process after imports (as
+   bench_bucket_recovery measures); (b) the real BucketSnapshotWriter (localrun, its own process,
+   embedded broker) started on the seeded store: time from process start to the first release
+   on the output topic, and its RSS 10 s after start minus the same writer's on an empty store.
+Ledgers default to 50,000 entries (`--ledgers 200` for 10M: Pulsar's default rollover,
+managedLedgerMaxEntriesPerLedger), deliver-at over 24 h.
 Targets: seed >= 500,000 rows/s; first release within 2 s; RSS growth <= 64 MB.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -165,17 +170,34 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
     return {"first_release_s": round(first, 3) if first is not None else None, "rss_mb": round(rss / 1024, 1)}
 
 
+def recover_first_release(store: Path) -> Dict[str, Any]:
+    """Child process: recover the store and pop the first due item; time and RSS growth."""
+    before = rss_kb(os.getpid())
+    t0 = time.monotonic()
+    ix = BucketIndex(DirectorySnapshotStorage(store))
+    report = ix.recover()
+    first = ix.pop_due(int(time.time() * 1000), 1)
+    ms = (time.monotonic() - t0) * 1000
+    return {"first_release_ms": round(ms, 1), "released": len(first), "pending": report.pending,
+            "rss_growth_mb": round((rss_kb(os.getpid()) - before) / 1024, 1), "bytes_read": report.bytes_read}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--ledgers", type=int, default=10_000)
+    ap.add_argument("--ledgers", type=int, default=0, help="default: rows / 50,000")
     ap.add_argument("--spread-hours", type=float, default=24.0)
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--baseline-rows", type=int, default=2_000_000)
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
+    ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
+    if args.recover_only:
+        print(json.dumps(recover_first_release(Path(args.recover_only))))
+        return
+    args.ledgers = args.ledgers or max(1, args.rows // 50_000)
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -190,6 +212,7 @@ def main() -> None:
     spark.range(10).count()  # session warm, not counted
     with JobProgress(spark, "seed") as progress:
         seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+    results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
                        "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
@@ -215,6 +238,11 @@ def main() -> None:
           f"seed is {results['ratio_seed_vs_engine']}x; identical snapshots {results['engine_vs_seed_bytes']}",
           flush=True)
 
+    child = [sys.executable, __file__, "--recover-only"]
+    results["engine_recovery"] = json.loads(subprocess.run(child + [str(work / "seeded")], check=True,
+                                                           capture_output=True, text=True).stdout)
+    print(f"engine on the seeded store: first release {results['engine_recovery']['first_release_ms']} ms after "
+          f"creating the index, RSS growth {results['engine_recovery']['rss_growth_mb']} MB", flush=True)
     if not args.skip_writer:
         from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 

@@ -57,7 +57,7 @@ def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List
 
 def shipped_writer_spec(unique: str, prefix: str, **user):
     """(FunctionSpec, scheduling topic) of the shipped BucketSnapshotWriter config with this
-    test's topics (direct intake, tick topic the only input, 200 ms ticks) and `user` merged
+    test's topics (direct intake, tick topic the only input, runner ticks every 200 ms) and `user` merged
     into its userConfig. Without `snapshotDir` the index lives in the local runner's --data-dir."""
     from pathlib import Path
 
@@ -69,6 +69,8 @@ def shipped_writer_spec(unique: str, prefix: str, **user):
     cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     cfg["output"] = f"persistent://public/default/{prefix}released-{unique}"
     cfg["name"] = f"{prefix}writer-{unique}"
+    # tickMode runner: the local runner's ticks start it (the tick topic is the only input here).
+    user = {"tickMode": "runner", **user}
     cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched, **user)
     return spec_from_config(cfg), sched
 

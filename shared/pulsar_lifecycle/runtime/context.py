@@ -16,6 +16,16 @@ from .classloader import import_class
 from .metrics import FunctionMetrics
 
 _PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
+_U64 = (1 << 64) - 1
+
+
+def effectively_once_sequence_id(ledger_id: int, entry_id: int) -> int:
+    """The sequence id Pulsar's instance sends an EFFECTIVELY_ONCE output with:
+    `(ledgerId << 28) | entryId` of the input, in Java's 64-bit arithmetic (FunctionCommon /
+    MessageIdUtils.getOffset): for ledger ids >= 2**35 it wraps to a negative long, as in Java,
+    instead of Python's unbounded int (which no client can send)."""
+    value = ((int(ledger_id) << 28) | int(entry_id)) & _U64
+    return value - (1 << 64) if value >> 63 else value
 
 
 @dataclass
