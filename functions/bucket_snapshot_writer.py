@@ -6,19 +6,21 @@ the output topic at its time, exactly once (dedup publisher). Run with processin
 MANUAL: this function acks a source message only once its index entry is durable.
 
 With userConfig `schedulingTopic` the service consumes the scheduling topic itself, in batches
-(direct intake), and process() only sees ticks; otherwise the scheduling topic is a function
-input and process() queues each message for the service.
+(direct intake); the scheduling topic is also an input on the same subscription, so the first
+message starts a fresh deployment, and process() queues what reaches it. Without it, process()
+queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
+it keeps one unacked (pulsar_lifecycle.scheduler.wake).
 """
 from __future__ import annotations
 
 import time
-from datetime import timedelta
 from typing import Any, Optional
 
 from pulsar_lifecycle.dedup.publisher import normalize_topic
-from pulsar_lifecycle.runtime.localrun import TICK_PROP
+from pulsar_lifecycle.runtime.context_api import pulsar_client
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
+from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of, send_wake_tick, wake_after_failure
 
 
 class BucketSnapshotWriter:
@@ -27,6 +29,7 @@ class BucketSnapshotWriter:
     def __init__(self) -> None:
         # Kept trivial: Pulsar's runtime silently changes mode if __init__ raises.
         self.service: Optional[SchedulerService] = None
+        self.wake = WakeTickHolder()
 
     def _ensure_service(self, context: Any) -> SchedulerService:
         if self.service is not None and not self.service.healthy:
@@ -36,7 +39,17 @@ class BucketSnapshotWriter:
         if self.service is None:
             from pulsar_lifecycle.scheduler.factory import build_service
 
-            self.service = build_service(context)
+            service = build_service(context)
+            cfg = service.config
+            if cfg.tick_topic:
+                client = pulsar_client(context)
+                try:
+                    send_wake_tick(client, cfg.tick_topic)
+                except BaseException:
+                    service.stop()  # raised: this message is redelivered and the next call retries
+                    raise
+                service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
+            self.service = service
         return self.service
 
     def process(self, input: Any, context: Any) -> None:  # noqa: A002 - Pulsar's parameter name
@@ -45,10 +58,8 @@ class BucketSnapshotWriter:
         msg_id = context.get_message_id()
         props = context.get_message_properties() or {}
         if service.config.tick_topic and normalize_topic(topic) == normalize_topic(service.config.tick_topic):
-            context.ack(msg_id, topic)
-            if service.config.tick_mode == "chain" and TICK_PROP in props:
-                context.publish(topic, b"tick", properties={TICK_PROP: str(int(time.time() * 1000))},
-                                message_conf={"deliver_after": timedelta(milliseconds=service.config.tick_time_millis)})
+            if not self.wake.on_tick(position_of(msg_id)):
+                context.ack(msg_id, topic)  # one tick stays unacked; every other one goes
             return None
         payload = input if isinstance(input, bytes) else str(input).encode("utf-8")
         item = classify(

@@ -25,8 +25,9 @@ INTAKES = ("direct", "runtime")
 def writer_spec(unique: str, tmp_path: Path, intake: str = "direct", **user):
     """The shipped writer config with this test's topics.
 
-    intake "direct" (the shipped config): userConfig schedulingTopic, the tick topic the only
-    input; "runtime": the scheduling topic is a function input, one message per process() call.
+    intake "direct" (the shipped config): userConfig schedulingTopic, the writer's own batch
+    consumer, and the scheduling topic also an input (receiver queue 1) that starts the function;
+    "runtime": no schedulingTopic, one scheduling message per process() call.
     """
     cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
     sched = f"persistent://public/default/sched-{unique}"
@@ -36,9 +37,11 @@ def writer_spec(unique: str, tmp_path: Path, intake: str = "direct", **user):
     cfg["name"] = f"writer-{unique}"
     user_config = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
                        tickTimeMillis=200, schedulingTopic=sched, **user)
+    cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
     if intake == "runtime":
         del user_config["schedulingTopic"]
-        cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
+    else:
+        cfg["inputSpecs"][sched]["receiverQueueSize"] = 1
     cfg["userConfig"] = user_config
     return spec_from_config(cfg), sched
 

@@ -1,8 +1,10 @@
 """The clock (DESIGN §5): after a restart with an idle input, due messages still leave on time.
 
-The release thread lives in the function instance and starts on the first process() call; the
-local runner's ticks on `tickTopic` provide that call when no scheduling message arrives. The
-control case shows the ticks are what makes it work.
+The release thread lives in the function instance and starts on the first process() call; after
+a restart the wake tick the writer keeps unacked provides that call when no scheduling message
+arrives (scheduler/wake.py; tests/test_writer_wake.py has the no-operator cases). The control
+case shows that something must call process(): with direct intake and the tick topic as the only
+input, nothing starts a writer that was never ticked.
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.integration
 
 
 def send_plain_tick(client, spec) -> None:
-    """One tick without __pl_tick__, so tickMode chain does not schedule a next one."""
+    """One operator tick on the tick topic."""
     ticks = client.create_producer(spec.user_config["tickTopic"])
     ticks.send(b"tick")
     ticks.close()
@@ -29,8 +31,6 @@ def send_plain_tick(client, spec) -> None:
 def _schedule_then_stop(broker, tmp_path, spec, sched, n: int, lead_ms: int) -> list:
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
-    if spec.user_config.get("schedulingTopic") and spec.user_config.get("tickMode") == "chain":
-        send_plain_tick(client, spec)  # no runner ticks: start the function (without a chain)
     dp = DelayedProducer(client, scheduling_topic=sched)
     base = now_ms() + lead_ms
     ats = [base + 100 * i for i in range(n)]
@@ -75,30 +75,22 @@ def test_restart_with_idle_input_releases_on_time(broker, tmp_path, unique, inta
     assert lateness[-1] < 2000, f"not on time after an idle restart: lateness ms {lateness}"
 
 
-@pytest.mark.parametrize("intake", INTAKES)
-def test_control_without_ticks_nothing_leaves_until_process_is_called(broker, tmp_path, unique, intake):
-    """No runner ticks (tickMode chain). Runtime intake: a scheduling message calls process() and
-    starts the function. Direct intake: the tick topic is the only input, so a scheduling message
-    starts nothing and the first tick does (on real Pulsar the operator sends it once -
-    docs/operations.md)."""
-    spec, sched = writer_spec(unique, tmp_path, intake, tickMode="chain")
-    n = 5
-    ats = _schedule_then_stop(broker, tmp_path, spec, sched, n, lead_ms=2000)
+def test_control_nothing_leaves_until_process_is_called(broker, tmp_path, unique):
+    """Direct intake with the tick topic as the only input and nobody ticking (the layout before
+    the scheduling topic became an input): scheduled messages stay until a tick arrives."""
+    spec, sched = writer_spec(unique, tmp_path, "direct")
+    spec.inputs.remove(sched)
+    spec.input_specs.pop(sched)
     runner = start_writer(broker, tmp_path, spec)
     client = quiet_client(broker.service_url)
     try:
-        wait_s = max((ats[-1] - now_ms()) / 1000 + 1.5, 1.0)
         producer = DelayedProducer(client, scheduling_topic=sched)
-        if intake == "runtime":
-            idle = drain(client, spec.output, "check", expect=n, timeout=wait_s)
-            producer.send(spec.output, b"wake", now_ms())
-        else:
-            producer.send(spec.output, b"new", now_ms())
-            idle = drain(client, spec.output, "check", expect=n + 1, timeout=wait_s)
-            send_plain_tick(client, spec)
-        woke = drain(client, spec.output, "check", expect=n + 1, timeout=15)
+        producer.send(spec.output, b"new", now_ms())
+        idle = drain(client, spec.output, "check", expect=1, timeout=2.0)
+        send_plain_tick(client, spec)
+        woke = drain(client, spec.output, "check", expect=1, timeout=15)
     finally:
         client.close()
         runner.stop()
     assert idle == []
-    assert len(woke) == n + 1
+    assert [m.data() for m in woke] == [b"new"]

@@ -29,13 +29,16 @@ def write_config(tmp_path: Path, unique: str, intake: str = "direct", **user) ->
     sched = f"persistent://public/default/csched-{unique}"
     ticks = f"persistent://public/default/cticks-{unique}"
     out = f"persistent://public/default/creleased-{unique}"
-    # The shipped config: direct intake (schedulingTopic), the tick topic the only input.
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    # The shipped config: direct intake (schedulingTopic) and the scheduling topic also an input on
+    # the same subscription (receiver queue 1), which starts the writer; the held tick wakes it.
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
+                         sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1}}
     cfg.update(output=out, name=f"cwriter-{unique}", subName=f"cwriter-{unique}")
-    cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
-                             tickTimeMillis=200, **user)
+    cfg["userConfig"].update(schedulingTopic=sched, schedulingSubscription=f"cwriter-{unique}", tickTopic=ticks,
+                             snapshotDir=str(tmp_path / "snapshots"), tickTimeMillis=200, **user)
     if intake == "runtime":  # the scheduling topic as a function input, one message per process()
         del cfg["userConfig"]["schedulingTopic"]
+        del cfg["userConfig"]["schedulingSubscription"]
         cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1000}
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))

@@ -51,7 +51,8 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
     w["inputSpecs"] = {t["wticks"]: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     w.update(output=t["business"], name=f"dlc-writer-{unique}", subName=f"dlc-writer-{unique}")
     w["userConfig"].update(schedulingTopic=t["sched"], tickTopic=t["wticks"], tickTimeMillis=WRITER_TICK_MS,
-                           snapshotDir=str(tmp_path / "snapshots"), schedulingSubscription="writer")
+                           snapshotDir=str(tmp_path / "snapshots"), schedulingSubscription="writer",
+                           tickMode="runner")  # the local runner's ticks start it (tick topic only input)
     s = yaml.safe_load((ROOT / "function-configs" / "delay-level-syncer.yaml").read_text())
     s["inputSpecs"] = {t["sticks"]: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
     s.update(name=f"dlc-syncer-{unique}", subName=f"dlc-syncer-{unique}")

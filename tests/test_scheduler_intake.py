@@ -60,12 +60,13 @@ def test_cancel_names_a_batched_or_plain_message():
     assert run({CANCEL_PROP: "12:34"}) == Cancel(12, positions.encode(34, -1))
 
 
-def test_direct_intake_needs_the_tick_topic_as_the_only_input():
+def test_direct_intake_inputs_are_the_tick_topic_and_optionally_the_scheduling_topic():
     ticks = "persistent://public/default/ticks"
     sched = "persistent://public/default/sched"
     assert scheduling_input([ticks], {"tickTopic": ticks, "schedulingTopic": "sched"}) == (sched, True)
+    assert scheduling_input([ticks, sched], {"tickTopic": ticks, "schedulingTopic": sched}) == (sched, True)
     with pytest.raises(ValueError, match="remove them from inputs"):
-        scheduling_input([ticks, sched], {"tickTopic": ticks, "schedulingTopic": sched})
+        scheduling_input([ticks, sched, "other"], {"tickTopic": ticks, "schedulingTopic": sched})
     with pytest.raises(ValueError, match="needs tickTopic"):
         scheduling_input([ticks], {"schedulingTopic": sched})
 

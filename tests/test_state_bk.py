@@ -130,8 +130,18 @@ def test_concurrent_openers_share_one_table(server: TableServer, unique: str) ->
 
 
 def test_invalid_table_name_is_a_clear_error(server: TableServer) -> None:
-    with pytest.raises(StateError, match=r"table name 'my-function' is invalid"):
-        BookKeeperStateStore(server.url, TENANT, NAMESPACE, "my-function")
+    # BookKeeper's stream-name rule (distributedlog's): no space, '<', '>', NUL or control characters.
+    for bad in ("my function", "a<b", "tab\there"):
+        with pytest.raises(StateError, match=re.escape(f"table name {bad!r} is invalid")):
+            BookKeeperStateStore(server.url, TENANT, NAMESPACE, bad)
+
+
+def test_function_names_with_dashes_and_dots_are_valid_tables(server: TableServer, unique: str) -> None:
+    """Pulsar function names (`bucket-snapshot-writer`) are stream names the real service takes."""
+    name = f"bucket-snapshot-writer.{unique}"
+    with BookKeeperStateStore(server.url, TENANT, NAMESPACE, name) as store:
+        store.put("k", "v")
+        assert store.get("k") == b"v"
 
 
 # -- compatibility with Pulsar's runtime ------------------------------------------------------------

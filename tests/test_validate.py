@@ -67,19 +67,25 @@ def test_shipped_directory_is_valid() -> None:
 
 
 def test_writer_values_and_inputs_are_checked(tmp_path: Path) -> None:
-    """The writer's own checks: its userConfig values, and direct intake's only-the-tick-topic rule."""
+    """The writer's own checks: its userConfig values, direct intake's inputs (tick topic and the
+    scheduling topic only) and one subscription for the scheduling topic's two consumers."""
     from pulsar_lifecycle.function_registry import FUNCTION_CHECKS
 
     cfg = yaml.safe_load((REPO / "function-configs" / "bucket-snapshot-writer.yaml").read_text())
-    sched = cfg["userConfig"]["schedulingTopic"]
-    cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}  # also an input
+    cfg["inputSpecs"]["persistent://public/default/other"] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
     cfg["userConfig"]["tickMode"] = "sometimes"
+    cfg["subName"] = "elsewhere"
     path = _write(tmp_path, cfg)
     problems = validate_files([path], _user_config_keys(), FUNCTION_CHECKS)
-    assert "tickMode must be 'runner' or 'chain'" in _only(problems, "tickMode")
+    assert "tickMode must be one of 'hold', 'runner', 'chain'" in _only(problems, "tickMode")
     assert str(path) in _only(problems, "remove them from inputs")
-    del cfg["userConfig"]["schedulingTopic"]  # runtime intake: now the inputs are right
+    assert "'elsewhere'" in _only(problems, "schedulingSubscription")
+    del cfg["inputSpecs"]["persistent://public/default/other"]
+    cfg["userConfig"]["schedulingSubscription"] = "elsewhere"
     cfg["userConfig"]["tickMode"] = "chain"
+    assert validate_files([_write(tmp_path, cfg)], _user_config_keys(), FUNCTION_CHECKS) == []
+    del cfg["userConfig"]["schedulingTopic"]  # runtime intake: the scheduling topic is the one other input
+    del cfg["userConfig"]["schedulingSubscription"]
     assert validate_files([_write(tmp_path, cfg)], _user_config_keys(), FUNCTION_CHECKS) == []
 
 

@@ -13,12 +13,46 @@ import click
 from .logging_setup import setup_logging
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _OneLineErrors(click.Group):
+    """Every command: an unexpected exception becomes one line on stderr and exit status 1.
+
+    The traceback goes to the log at DEBUG (`--log-level DEBUG` shows it), never to an
+    operator's terminal by default.
+    """
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:
+            logging.getLogger("pulsar_lifecycle.cli").debug("command failed", exc_info=True)
+            raise click.ClickException(one_line_error(exc)) from exc
+
+
+def one_line_error(exc: BaseException) -> str:
+    """`exc` as one line: the package's own errors as they are, others with their type."""
+    from .exceptions import PulsarLifecycleError
+
+    text = " ".join(str(exc).split()) or repr(exc)
+    if isinstance(exc, (PulsarLifecycleError, click.ClickException)):
+        return text
+    return f"{type(exc).__name__}: {text}"
+
+
+@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(log_level: str) -> None:
     """Pulsar Functions for ledger lifecycle: two-phase deletion, delayed delivery, de-duplication."""
     setup_logging(log_level)
+    # SIGTERM unwinds like Ctrl-C, so every command's finally blocks close producers, consumers
+    # and the client in order (localrun installs its own handler for a graceful stop).
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:
@@ -75,10 +109,8 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
              metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
     """Run a function locally, like `pulsar-admin functions localrun`."""
     from .config.function_config import FunctionConfigError, load_function_config, spec_from_config
-    from .runtime.broker import BrokerError
     from .runtime.client import ClientSettings
     from .runtime.localrun import LocalRunner, LocalRunOptions
-    from .state.base import StateError
 
     log = logging.getLogger("pulsar_lifecycle.localrun")
     try:
@@ -103,9 +135,10 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
     runner = LocalRunner(spec, opts)
     try:
         runner.start()
-    except (BrokerError, StateError, ValueError, ImportError, RuntimeError) as exc:
-        runner.stop()
-        raise click.ClickException(f"cannot start {spec.fqfn}: {exc}") from exc
+    except Exception as exc:
+        runner.stop()  # whatever started (broker, clients) is closed in order before exiting
+        log.debug("localrun start failed", exc_info=True)
+        raise click.ClickException(f"cannot start {spec.fqfn}: {one_line_error(exc)}") from exc
     click.echo(f"running {spec.fqfn} ({spec.class_name}) on {runner.service_url}; Ctrl-C stops", err=True)
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -122,15 +155,22 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 def validate(files: Tuple[str, ...]) -> None:
     """Check function-config YAMLs as pulsar-admin functions create would (exit 1 on problems)."""
-    from .config.validate import validate_files
+    from .config.validate import validate_each
     from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
 
-    problems = validate_files(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS)
-    for line in problems:
-        click.echo(line, err=True)
-    if problems:
+    results = validate_each(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS)
+    bad = 0
+    for name, problems in results:
+        if problems:
+            bad += 1
+            for line in problems:
+                click.echo(line, err=True)
+        else:
+            click.echo(f"OK: {name}")
+    if bad:
+        click.echo(f"{bad} of {len(results)} file(s) have problems", err=True)
         sys.exit(1)
-    click.echo(f"OK: {len(files)} path(s) checked")
+    click.echo(f"OK: {len(results)} file(s) checked")
 
 
 @main.command()

@@ -58,7 +58,20 @@ KEY_NOT_FOUND = storage_pb2.KEY_NOT_FOUND
 
 
 def _valid_name(name: str) -> bool:
-    return bool(name.strip()) and all(c.isalnum() or c == "_" for c in name)
+    """BookKeeper's ProtoUtils.validateStreamName, which validateNamespaceName also uses: the
+    distributedlog rule ("follow the rules that dlog uses"), checked per UTF-16 unit as Java's
+    `charAt` sees it — not empty; no NUL, space, '<' or '>'; no unit strictly inside
+    (0x0000, 0x001f), (0x007f, 0x009f), (0xd800, 0xf8ff) or (0xfff0, 0xffff). So '-' and '.'
+    are fine (Pulsar function names such as `bucket-snapshot-writer`)."""
+    if not name:
+        return False
+    raw = name.encode("utf-16-le", "surrogatepass")
+    for i in range(0, len(raw), 2):
+        c = raw[i] | (raw[i + 1] << 8)
+        if (c in (0, 0x20, 0x3C, 0x3E) or 0 < c < 0x1F or 0x7F < c < 0x9F or 0xD800 < c < 0xF8FF
+                or 0xFFF0 < c < 0xFFFF):
+            return False
+    return True
 
 
 def _store_key(r_key: bytes, key: bytes) -> bytes:

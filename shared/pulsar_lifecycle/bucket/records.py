@@ -63,8 +63,11 @@ class DelayedMessage:
                 and type(self.deliver_at) is int and 0 <= self.deliver_at <= MAX_U64
                 and type(self.event_time) is int and 0 <= self.event_time <= MAX_U64
                 and type(self.partition) is int and -1 <= self.partition < (1 << 31)
-                and type(self.payload) is bytes and self.key is None and self.target is None
-                and not self.properties and type(self.properties) is dict):
+                and type(self.payload) is bytes
+                and (self.key is None or type(self.key) is str)
+                and (self.target is None or (type(self.target) is str and self.target))
+                and type(self.properties) is dict
+                and all(type(k) is str and type(v) is str for k, v in self.properties.items())):
             return
         where = f"delayed message {self.ledger_id!r}:{self.entry_id!r}"
         for name, value, hi in (

@@ -192,7 +192,15 @@ def load_function_config_with_lines(
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise FunctionConfigError(f"{p}: cannot read function config: {exc}") from exc
-    loader = _LineLoader(text)
+    try:
+        # The reader checks every character when it is built: NUL and control characters raise here.
+        loader = _LineLoader(text)
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1
+        column = exc.position - (text.rfind("\n", 0, exc.position) + 1) + 1
+        raise FunctionConfigError(
+            f"{p}:{line}: invalid YAML: control character {exc.character:#06x} is not allowed (column {column})"
+        ) from exc
     try:
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else None

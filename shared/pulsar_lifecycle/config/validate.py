@@ -651,17 +651,28 @@ def validate_files(
     Returns one line per problem across all files, each starting with the file name (and line
     number where known); an empty list means every file is valid.
     """
-    problems: List[str] = []
+    return [line for _name, found in validate_each(paths, user_config_keys, function_checks) for line in found]
+
+
+def validate_each(
+    paths: Iterable[Union[str, Path]],
+    user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
+    function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+) -> List[Tuple[str, List[str]]]:
+    """(file, its problems) for every file the paths name, in order; a bad file never hides the rest."""
+    results: List[Tuple[str, List[str]]] = []
     for f in _expand(paths):
         if isinstance(f, str):
-            problems.append(f)
+            results.append((f.split(": ", 1)[0], [f]))
             continue
         try:
             cfg, lines = load_function_config_with_lines(f)
+            found = _validate(cfg, str(f), user_config_keys, lines, function_checks)
         except FunctionConfigError as exc:
-            problems.append(str(exc))
-            continue
-        found = _validate(cfg, str(f), user_config_keys, lines, function_checks)
-        logger.info("validated function config %s: %d problem(s)", f, len(found))
-        problems.extend(found)
-    return problems
+            found = [str(exc)]
+        except Exception as exc:  # a checker's own failure is this file's problem, not the others'
+            logger.debug("validation of %s failed", f, exc_info=True)
+            found = [f"{f}: cannot validate: {type(exc).__name__}: {exc}"]
+        logger.debug("validated function config %s: %d problem(s)", f, len(found))
+        results.append((str(f), found))
+    return results

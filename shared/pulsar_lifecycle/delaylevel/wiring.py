@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..runtime.context_api import pulsar_client
 from ..scheduler.context_state import ContextStateStore
 from .admin import AdminView
 from .config import parse_syncer_config
@@ -18,7 +19,7 @@ def build_syncer(context: Any) -> DelayLevelSyncerService:
     instance = context.get_instance_id()
     admin = AdminView.connect(cfg.pulsar_admin_url, cfg.target_cache_seconds) if cfg.pulsar_admin_url else None
     service = DelayLevelSyncerService(
-        cfg, context.get_pulsar_client(), subscription=cfg.subscription or fqfn,
+        cfg, pulsar_client(context), subscription=cfg.subscription or fqfn,
         producer_prefix=cfg.producer_name or f"{fqfn}-{instance}",
         state=ContextStateStore(context, prefix=f"dl/{instance}/"),
         record_metric=context.record_metric, admin=admin, instance=instance)

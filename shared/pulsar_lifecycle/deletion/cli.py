@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any, Dict, Optional
 
 import click
@@ -25,10 +26,37 @@ def _topics(opts: Dict[str, Any]) -> DeletionTopics:
         raise click.BadParameter(str(exc)) from exc
 
 
-def _client(url: str) -> Any:
+CONNECT_TIMEOUT_S = 30.0
+
+
+def _client(url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """A client of `url` once its broker accepts connections (waits for a broker that comes up late).
+
+    Raises BrokerError naming the URL and the time waited instead of letting every producer
+    time out on its own.
+    """
+    from ..runtime.broker import wait_for_broker
     from ..runtime.client import quiet_client
 
+    wait_for_broker(url, connect_timeout_s)
     return quiet_client(url)
+
+
+def close_service(service: Any, client: Any) -> None:
+    """Close in order: the DelayedProducer's producers, the service's producers, then the client.
+
+    A producer left open when the client closes is destroyed at interpreter exit, while
+    pulsar-client's C++ threads are still being torn down: that is the intermittent
+    "terminate called without an active exception" (SIGABRT) after a successful send.
+    """
+    delayed = getattr(service, "delayed", None) if service is not None else None
+    for step in (getattr(delayed, "close", None), getattr(service, "close", None), getattr(client, "close", None)):
+        if step is None:
+            continue
+        try:
+            step()
+        except Exception as exc:  # keep closing the rest; the client must be closed last whatever happens
+            logging.getLogger(__name__).warning("event=close_failed step=%s error=%r", getattr(step, "__qualname__", step), exc)
 
 
 def deletion_topic_options(f: Any, service_url_required: bool = True) -> Any:
@@ -47,19 +75,29 @@ def _topic_options(f: Any) -> Any:
     return deletion_topic_options(f)
 
 
-def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> Any:
-    """(LedgerDeletionService, client) for the parsed deletion-topic and delay options."""
+def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str],
+                  connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """(LedgerDeletionService, client) for the parsed deletion-topic and delay options.
+
+    Close both with close_service(service, client)."""
     from ..timing import DelayedProducer
     from .service import LedgerDeletionService
 
-    client = _client(opts["service_url"])
+    topics = _topics(opts)  # bad options fail before any connection is made
+    client = _client(opts["service_url"], connect_timeout_s)
     delayed = None
-    if delay_seconds > 0:
-        try:
-            delayed = DelayedProducer(client, backend=backend, scheduling_topic=scheduling_topic)
-        except ValueError as exc:
-            raise click.BadParameter(str(exc)) from exc
-    return LedgerDeletionService(client, _topics(opts), delayed, send_delay_seconds=delay_seconds), client
+    try:
+        if delay_seconds > 0:
+            try:
+                delayed = DelayedProducer(client, backend=backend, scheduling_topic=scheduling_topic)
+            except ValueError as exc:
+                raise click.BadParameter(str(exc)) from exc
+        return LedgerDeletionService(client, topics, delayed, send_delay_seconds=delay_seconds), client
+    except BaseException:
+        if delayed is not None:
+            delayed.close()
+        client.close()
+        raise
 
 
 def delay_options(f: Any) -> Any:
@@ -87,8 +125,10 @@ def deletion() -> None:
 @click.option("--offload-bucket", default=None, help="Bucket of an S3 offload (driver metadata 'bucket').")
 @click.option("--cursor", default=None, help="Cursor name of a MANAGED_CURSOR ledger (checked against metadata).")
 @click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false.")
+@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for the broker to accept connections.")
 def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[str], offload_driver: Optional[str],
-            offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool,
+            offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool, connect_timeout: float,
             send_delay_seconds: int, delay_backend: str, scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue one ledger for two-phase deletion."""
     ctx = None
@@ -100,15 +140,18 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
         except ValueError as exc:
             raise click.BadParameter(f"--offload-uuid: {exc}") from exc
         ctx, ltype = LedgerContext(ledger_id, offload_context=oc), LedgerType.OFFLOAD_LEDGER
-    service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+    from .service import PendingDeleteSendError
+
+    service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic, connect_timeout)
     try:
         mid = service.append_pending_delete_ledger(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
                                                    {"cursor": cursor} if cursor else None)
     except InvalidRequestError as exc:
         raise click.BadParameter(str(exc)) from exc
+    except PendingDeleteSendError as exc:
+        raise click.ClickException(f"ledger {ledger_id} NOT enqueued (broker {opts['service_url']}): {exc}") from exc
     finally:
-        service.close()
-        client.close()
+        close_service(service, client)
     click.echo(json.dumps({"topic": topic, "ledgerId": ledger_id, "component": component, "type": ltype.value,
                            "messageId": str(mid)}))
 
@@ -131,8 +174,7 @@ def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_dela
     except (ValueError, InvalidRequestError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:
-        service.close()
-        client.close()
+        close_service(service, client)
     for info in done:
         click.echo(json.dumps({"topic": info.topic_name, "ledgerId": info.ledger_id, "component": info.ledger_component.value}))
 

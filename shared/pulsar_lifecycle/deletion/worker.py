@@ -16,6 +16,7 @@ from typing import Any, Dict, Mapping, Optional
 
 import pulsar
 
+from ..runtime.context_api import pulsar_client
 from ..storage.admin import PulsarAdminClient
 from ..storage.bookie_http import BookieHttpClient, BookieLedgerStorage
 from ..storage.filesystem import FileSystemOffloadStorage
@@ -224,7 +225,7 @@ def build_engine(config: DeletionConfig, trusted: Optional[TrustedLedgerRegistry
 def build_worker(context: Any) -> DeletionWorkerRunner:
     """Build a runner from a function Context (userConfig, secrets, the instance's client)."""
     config = DeletionConfig.from_user_config(context.get_user_config_map() or {}, getattr(context, "get_secret", None))
-    client = context.get_pulsar_client()
+    client = pulsar_client(context)
     delayed = DelayedProducer(client, backend=config.delay_backend, scheduling_topic=config.scheduling_topic)
     runner = DeletionWorkerRunner(build_engine(config), config, client, delayed)
     log.info(

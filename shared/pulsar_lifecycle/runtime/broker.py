@@ -15,13 +15,75 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO, List, Optional, Tuple
+
+from ..exceptions import PulsarLifecycleError
 
 log = logging.getLogger(__name__)
 
 
-class BrokerError(RuntimeError):
-    """The embedded broker could not be started or stopped."""
+class BrokerError(PulsarLifecycleError, RuntimeError):
+    """The embedded broker could not be started or stopped, or no broker is reachable."""
+
+
+def broker_hosts(service_url: str) -> List[Tuple[str, int]]:
+    """(host, port) pairs of a pulsar:// or pulsar+ssl:// URL (several hosts separated by commas)."""
+    rest = service_url.split("://", 1)[-1].split("/", 1)[0]
+    out = []
+    for host in filter(None, rest.split(",")):
+        name, _, port = host.rpartition(":")
+        if not name:
+            name, port = host, "6651" if service_url.startswith("pulsar+ssl") else "6650"
+        if port.isdigit():
+            out.append((name.strip("[]"), int(port)))
+    return out
+
+
+def wait_for_broker(service_url: str, timeout_s: float, interval_s: float = 0.2) -> float:
+    """Wait until a broker of `service_url` accepts TCP connections; returns the seconds waited.
+
+    Raises BrokerError naming the URL and the time waited when none does within `timeout_s`.
+    """
+    hosts = broker_hosts(service_url)
+    if not hosts:
+        raise BrokerError(f"not a broker service URL: {service_url!r} (expected pulsar://host:port)")
+    t0 = time.monotonic()
+    while True:
+        if any(port_open(h, p, timeout=min(1.0, max(0.1, timeout_s))) for h, p in hosts):
+            return time.monotonic() - t0
+        waited = time.monotonic() - t0
+        if waited >= timeout_s:
+            raise BrokerError(f"no broker reachable at {service_url}: nothing accepted a connection on "
+                              f"{', '.join(f'{h}:{p}' for h, p in hosts)} within {waited:.1f} s")
+        time.sleep(interval_s)
+
+
+def lock_holder(path: Path) -> Optional[int]:
+    """The PID holding a flock/fcntl lock on `path` (from /proc/locks), or None if unknown."""
+    try:
+        st = os.stat(path)
+        with open("/proc/locks") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split()
+        # "1: POSIX  ADVISORY  WRITE 1234 08:01:5678 0 EOF" (blocked waiters have "->" in front)
+        if "->" in parts or len(parts) < 6:
+            continue
+        try:
+            pid = int(parts[4])
+            inode = int(parts[5].rsplit(":", 1)[1])
+        except (ValueError, IndexError):
+            continue
+        if inode == st.st_ino:
+            return pid
+    return None
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][-300:] if lines else "(empty log)"
 
 
 def find_binary() -> Path:
@@ -182,10 +244,12 @@ class EmbeddedBroker:
                 tail = self._log_tail()
                 self._cleanup_proc()
                 if "LOCK" in tail or "lock file" in tail.lower():
-                    raise BrokerError(
-                        f"data directory {self.data_dir} is locked by another broker (rc={rc}): {tail.strip()[-300:]}"
-                    )
-                raise BrokerError(f"pulsar-lite exited with rc={rc} before opening its port: {tail.strip()[-500:]}")
+                    holder = lock_holder(self.data_dir / "pulsar-lite.db" / "LOCK")
+                    who = f"process {holder}" if holder else "another process"
+                    raise BrokerError(f"data directory {self.data_dir} is locked by another broker ({who}); "
+                                      f"broker log: {self.log_path}")
+                raise BrokerError(f"pulsar-lite exited with rc={rc} before opening its port: "
+                                  f"{_last_line(tail)} (full log: {self.log_path})")
             if port_open(self.host, self.port):
                 log.info("event=broker_started url=%s pid=%s data_dir=%s", self.service_url, self._proc.pid, self.data_dir)
                 return self
@@ -194,6 +258,7 @@ class EmbeddedBroker:
         raise BrokerError(f"pulsar-lite did not open {self.host}:{self.port} within {self.start_timeout:.0f}s; log: {self.log_path}")
 
     def _log_tail(self) -> str:
+        """The end of this run's broker log (what the console must not be flooded with)."""
         try:
             return self.log_path.read_text(errors="replace")[-2000:]
         except OSError:

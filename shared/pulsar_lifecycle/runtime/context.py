@@ -16,6 +16,16 @@ from .classloader import import_class
 from .metrics import FunctionMetrics
 
 _PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
+_U64 = (1 << 64) - 1
+
+
+def effectively_once_sequence_id(ledger_id: int, entry_id: int) -> int:
+    """The sequence id Pulsar's instance sends an EFFECTIVELY_ONCE output with:
+    `(ledgerId << 28) | entryId` of the input, in Java's 64-bit arithmetic (FunctionCommon /
+    MessageIdUtils.getOffset): for ledger ids >= 2**35 it wraps to a negative long, as in Java,
+    instead of Python's unbounded int (which no client can send)."""
+    value = ((int(ledger_id) << 28) | int(entry_id)) & _U64
+    return value - (1 << 64) if value >> 63 else value
 
 
 @dataclass
@@ -195,6 +205,17 @@ class LocalContext:
             try:
                 p.flush()
             except Exception:  # a closed client cannot flush; nothing left to save
+                pass
+
+    def close_publishers(self) -> None:
+        """Flush and close every context.publish producer (on shutdown, before the client closes)."""
+        self.flush_publishers()
+        with self._lock:
+            producers, self._publish_producers = list(self._publish_producers.values()), {}
+        for p in producers:
+            try:
+                p.close()
+            except Exception:  # the client may already be unusable; closing it comes next
                 pass
 
     # -- state ----------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 import pulsar
 
 from .classloader import import_class, instantiate_function
-from .context import LocalContext
+from .context import LocalContext, effectively_once_sequence_id
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,11 @@ class FunctionInstance:
     def function(self) -> Any:
         """The loaded user function (class instance or module); None before start()."""
         return self._function
+
+    @property
+    def output_producer(self) -> Optional[pulsar.Producer]:
+        """The producer of `output` once the first output was sent (None before)."""
+        return self._producer
 
     # -- set-up -------------------------------------------------------------------------------------
     def _consumer_type(self) -> pulsar.ConsumerType:
@@ -146,8 +151,12 @@ class FunctionInstance:
         if self._producer is None:
             pc = self.spec.producer_config or {}
             batching = (pc.get("batchingConfig") or {})
+            # EFFECTIVELY_ONCE: named after the sink topic, as Pulsar's instance does, so broker
+            # de-duplication keys its sequence ids to one producer across restarts.
+            named = {"producer_name": self.spec.output} if self.guarantee == "EFFECTIVELY_ONCE" else {}
             self._producer = self.client.create_producer(
                 self.spec.output,
+                **named,
                 block_if_queue_full=True,
                 batching_enabled=bool(batching.get("enabled", True)),
                 batching_max_publish_delay_ms=int(batching.get("batchingMaxPublishDelayMs", 10)),
@@ -197,7 +206,9 @@ class FunctionInstance:
         ident = self.context.identity
         producer = self._setup_producer() if output is not None else None
         if producer is None:
-            if self.auto_ack and self.guarantee == "ATLEAST_ONCE":
+            if self.guarantee == "EFFECTIVELY_ONCE":
+                item.consumer.acknowledge_cumulative(item.message)  # as Pulsar's instance does
+            elif self.auto_ack and self.guarantee == "ATLEAST_ONCE":
                 item.consumer.acknowledge(item.message)
             self.context.metrics.processed.labels(ident.fqfn, str(ident.instance_id)).inc()
             return
@@ -216,7 +227,8 @@ class FunctionInstance:
 
         def done(result: pulsar.Result, _msg_id: Any) -> None:
             if result == pulsar.Result.Ok:
-                if self.auto_ack and self.guarantee in ("ATLEAST_ONCE", "EFFECTIVELY_ONCE"):
+                # EFFECTIVELY_ONCE acks on publish success even with autoAck false (Pulsar's rule).
+                if (self.auto_ack and self.guarantee == "ATLEAST_ONCE") or self.guarantee == "EFFECTIVELY_ONCE":
                     item.consumer.acknowledge(item.message)
                 self.context.metrics.processed.labels(ident.fqfn, str(ident.instance_id)).inc()
             else:
@@ -224,7 +236,23 @@ class FunctionInstance:
                 self.context.metrics.system_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
                 item.consumer.negative_acknowledge(item.message)
 
-        producer.send_async(payload, done, properties=props)
+        conf: Dict[str, Any] = {}
+        if self.guarantee == "EFFECTIVELY_ONCE":
+            mid = item.message.message_id()
+            if mid.partition() >= 0:
+                self._eo_refused(item, "Partitioned topic is not available in effectively_once mode.")
+                return
+            conf["sequence_id"] = effectively_once_sequence_id(mid.ledger_id(), mid.entry_id())
+        try:
+            producer.send_async(payload, done, properties=props, **conf)
+        except ValueError as exc:  # a negative (wrapped) sequence id: the client refuses it, as Java's does
+            self._eo_refused(item, f"sequence id {conf.get('sequence_id')} of input {item.message.message_id()}: {exc}")
+
+    def _eo_refused(self, item: _Item, reason: str) -> None:
+        ident = self.context.identity
+        log.error("event=effectively_once_send_refused fqfn=%s topic=%s reason=%s", ident.fqfn, item.topic, reason)
+        self.context.metrics.system_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
+        item.consumer.negative_acknowledge(item.message)
 
     # -- shutdown --------------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -238,12 +266,15 @@ class FunctionInstance:
                 closer()
             except Exception as exc:
                 log.warning("event=function_close_failed fqfn=%s error=%r", self.context.identity.fqfn, exc)
+        # Producers, then consumers, all before the runner closes the client (see LocalRunner.stop).
         if self._producer is not None:
             try:
                 self._producer.flush()
+                self._producer.close()
             except Exception:  # a closed client cannot flush; unacked inputs are redelivered
                 pass
-        self.context.flush_publishers()
+            self._producer = None
+        self.context.close_publishers()
         for c in self._consumers.values():
             try:
                 c.close()

@@ -6,7 +6,10 @@ pulsar-lite broker; its data and the function state live under --data-dir and su
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import logging
+import os
 import threading
 import time
 import uuid
@@ -18,7 +21,9 @@ import pulsar
 
 from ..state import open_state_store
 from ..state.base import StateStore
-from .broker import BrokerError, EmbeddedBroker, port_open
+from ..durable import atomic_write
+from ..exceptions import PulsarLifecycleError
+from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .context import FunctionIdentity, LocalContext
 from .instance import FunctionInstance
@@ -30,17 +35,72 @@ TICK_PROP = "__pl_tick__"
 
 
 def check_reachable(service_url: str, timeout: float = 5.0) -> None:
-    """Fail fast, naming the URL, when no broker of `service_url` accepts TCP connections.
+    """Fail fast, naming the URL and the time waited, when no broker of `service_url` accepts
+    TCP connections (the client would otherwise retry for its whole operation timeout)."""
+    wait_for_broker(service_url, timeout)
 
-    The client would otherwise retry for its whole operation timeout per consumer.
+
+class DataDirError(PulsarLifecycleError):
+    """--data-dir cannot be used: not a directory, not writable, or in use by another localrun."""
+
+
+def prepare_data_dir(path: Path) -> None:
+    """Create --data-dir and prove it writable, or raise DataDirError with one clear line."""
+    if path.exists() and not path.is_dir():
+        raise DataDirError(f"--data-dir {path} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise DataDirError(f"--data-dir {path}: a parent of it is a regular file, not a directory") from None
+    except OSError as exc:
+        raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})") from None
+    probe = path / ".write-probe"
+    try:
+        atomic_write(probe, b"ok")
+        probe.unlink()
+    except OSError as exc:
+        raise DataDirError(f"--data-dir {path} is not writable: {exc}") from None
+
+
+class DataDirLock:
+    """One localrun with an embedded broker per --data-dir: an flock on `<data-dir>/localrun.lock`.
+
+    The lock dies with the process (even SIGKILL); the file descriptor is not inherited by the
+    broker (close_fds), so an orphaned broker never keeps it.
     """
-    rest = service_url.split("://", 1)[-1].rstrip("/")
-    hosts = [h for h in rest.split(",") if h]
-    for host in hosts:
-        name, _, port = host.rpartition(":")
-        if name and port.isdigit() and port_open(name.strip("[]"), int(port), timeout=timeout):
-            return
-    raise BrokerError(f"no broker reachable at {service_url} (nothing accepts connections on {', '.join(hosts)})")
+
+    def __init__(self, data_dir: Path) -> None:
+        self.path = data_dir / "localrun.lock"
+        self._fd: Optional[int] = None
+
+    def acquire(self) -> None:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DataDirError(f"--data-dir {self.path.parent}: cannot open {self.path.name}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            holder = lock_holder(self.path) or _pid_in(fd)
+            os.close(fd)
+            who = f"process {holder}" if holder else "another process"
+            raise DataDirError(f"--data-dir {self.path.parent.resolve()} is in use by another localrun ({who}) "
+                               "with its embedded broker; stop it or give this run its own --data-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())  # informational only: /proc/locks is authoritative
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _pid_in(fd: int) -> Optional[int]:
+    try:
+        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -72,6 +132,8 @@ class LocalRunner:
     _state: Optional[StateStore] = field(default=None, repr=False)
     _stop: threading.Event = field(default_factory=threading.Event, repr=False)
     _ticker: Optional[threading.Thread] = field(default=None, repr=False)
+    _tick_producer: Any = field(default=None, repr=False)
+    _lock: Optional[DataDirLock] = field(default=None, repr=False)
 
     @property
     def service_url(self) -> str:
@@ -84,9 +146,14 @@ class LocalRunner:
     def start(self) -> "LocalRunner":
         """Start the broker if needed, the state store, metrics and every instance."""
         data_dir = Path(self.options.data_dir)
+        prepare_data_dir(data_dir)
         if self.options.broker_service_url:
             check_reachable(self.options.broker_service_url)
         else:
+            # The embedded broker's store cannot be shared; with an external broker several
+            # functions may share one --data-dir (state tables and snapshot dirs are per function).
+            self._lock = DataDirLock(data_dir)
+            self._lock.acquire()
             self.broker = EmbeddedBroker(data_dir=data_dir / "broker", port=self.options.embedded_broker_port,
                                          die_with_parent=True)
             # After a crash the previous run's broker lives on for its grace period.
@@ -133,7 +200,7 @@ class LocalRunner:
         if not topic or str(uc.get("tickMode", "runner")) != "runner":
             return
         interval = max(50, int(uc.get("tickTimeMillis", 1000))) / 1000.0
-        producer = self._clients[0].create_producer(topic, batching_enabled=False)
+        producer = self._tick_producer = self._clients[0].create_producer(topic, batching_enabled=False)
 
         def run() -> None:
             while not self._stop.wait(interval):
@@ -153,17 +220,39 @@ class LocalRunner:
         self._stop.wait(timeout)
 
     def stop(self) -> None:
-        """Stop instances, flush, close clients, stop the embedded broker."""
+        """Stop in order: the ticker, the instances (their producers, then consumers), the
+        client, the state store, the embedded broker; then release --data-dir.
+
+        Every producer and consumer is closed before its client, and the client before the
+        interpreter exits: pulsar-client objects left to interpreter shutdown abort the process
+        ("terminate called without an active exception"). Safe to call twice.
+        """
         self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(timeout=5)
+            self._ticker = None
+        if self._tick_producer is not None:
+            _close_quietly(self._tick_producer, "tick producer")
+            self._tick_producer = None
         for inst in self._instances:
             inst.stop()
+        self._instances.clear()
         for c in self._clients:
-            try:
-                c.close()
-            except Exception:
-                pass
+            _close_quietly(c, "client")
+        self._clients.clear()
         if self._state is not None:
             self._state.close()
+            self._state = None
         if self.broker is not None:
             self.broker.stop(remove_data=False)
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
         log.info("event=localrun_stopped")
+
+
+def _close_quietly(obj: Any, what: str) -> None:
+    try:
+        obj.close()
+    except Exception as exc:  # shutting down: keep closing the rest (the broker may be gone)
+        log.debug("event=close_failed what=%s error=%r", what, exc)

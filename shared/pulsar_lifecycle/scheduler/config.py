@@ -9,8 +9,8 @@ from ..dedup.publisher import normalize_topic
 
 # userConfig key -> (attribute, default, meaning). docs/configuration.md is generated from this.
 WRITER_KEYS: Dict[str, tuple] = {
-    "schedulingTopic": ("scheduling_topic", "", "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client; the function's only input is then `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md)."),
-    "schedulingSubscription": ("scheduling_subscription", "", "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name."),
+    "schedulingTopic": ("scheduling_topic", "", "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client. Keep it also a function input (on the same subscription, e.g. `receiverQueueSize: 1`, as the shipped config does) so the first scheduling message starts a fresh deployment; then the inputs are it and `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md)."),
+    "schedulingSubscription": ("scheduling_subscription", "", "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name. When the scheduling topic is also an input it must be the function's subscription (`subName`, or the default)."),
     "snapshotStorage": ("snapshot_storage", "directory", "Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service)."),
     "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store. Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; anywhere else it must be set (or use `bookkeeper`)."),
     "replaceIndexId": ("replace_index_id", "", "Set only when the writer refuses to start because its bucket index is missing or not the one its dedup state follows, and that index is lost for good: the id the error names. The writer then starts a new index (the lost index's pending messages are gone); a stale value is harmless."),
@@ -18,9 +18,9 @@ WRITER_KEYS: Dict[str, tuple] = {
     "allowedTargetPrefix": ("allowed_target_prefix", "", "Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused."),
     "maxDelaySeconds": ("max_delay_seconds", 400 * 86400, "Deliver-at times further than this in the future are refused (sent to invalidMessageTopic)."),
     "invalidMessageTopic": ("invalid_message_topic", "", "Where malformed scheduling messages go, with the reason in `__pl_error__`; default `<first input>-INVALID`."),
-    "tickTopic": ("tick_topic", "", "Input topic whose ticks wake the function after a restart with an idle input."),
-    "tickMode": ("tick_mode", "runner", "`runner`: the local runner produces ticks; `chain`: each tick schedules the next with deliver_after (real Pulsar)."),
-    "tickTimeMillis": ("tick_time_millis", 1000, "Tick period (Pulsar's delayedDeliveryTickTimeMillis)."),
+    "tickTopic": ("tick_topic", "", "Input topic of wake ticks: at each start the writer sends one and keeps one unacked, which Pulsar redelivers to the next instance after a restart, so it wakes with an idle scheduling topic (docs/architecture.md, \"Clock\")."),
+    "tickMode": ("tick_mode", "runner", "`hold` (shipped): only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked, never re-sent); `chain`: the retired deliver_after chain, now the same as `hold` (a chain multiplied with every extra tick and ran away on brokers that ignore deliver_after)."),
+    "tickTimeMillis": ("tick_time_millis", 1000, "Longest idle wait of the release thread, and the local runner's tick period in `runner` mode (Pulsar's delayedDeliveryTickTimeMillis)."),
     "ingestBatchSize": ("ingest_batch_size", 500, "Scheduling messages made durable together in one journal write before they are acked."),
     "ingestBatchDelayMillis": ("ingest_batch_delay_millis", 5, "Longest wait to fill an ingest batch."),
     "releaseBatchSize": ("release_batch_size", 1000, "Releases taken from the index per round."),
@@ -33,6 +33,9 @@ WRITER_KEYS: Dict[str, tuple] = {
     "snapshotDeletionParallelism": ("snapshot_deletion_parallelism", 4, "Partitions of the deletion topic (the worker's ledgerDeletionParallelism)."),
     "snapshotDeletionSendDelaySeconds": ("snapshot_deletion_send_delay_seconds", 60, "Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself."),
 }
+
+
+TICK_MODES = ("hold", "runner", "chain")
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,9 @@ class WriterConfig:
             raise ValueError(f"userConfig snapshotStorage must be 'directory' or 'bookkeeper', got {self.snapshot_storage!r}")
         if self.snapshot_storage == "bookkeeper" and not self.snapshot_storage_service_url.startswith("bk://"):
             raise ValueError("userConfig snapshotStorage=bookkeeper needs snapshotStorageServiceUrl bk://host:port")
-        if self.tick_mode not in ("runner", "chain"):
-            raise ValueError(f"userConfig tickMode must be 'runner' or 'chain', got {self.tick_mode!r}")
+        if self.tick_mode not in TICK_MODES:
+            raise ValueError(f"userConfig tickMode must be one of {', '.join(repr(m) for m in TICK_MODES)}, "
+                             f"got {self.tick_mode!r}")
         for name in ("max_delay_seconds", "tick_time_millis", "ingest_batch_size", "release_batch_size",
                      "commit_interval_millis", "metrics_interval_seconds"):
             if getattr(self, name) <= 0:
@@ -137,8 +141,9 @@ def parse_writer_config(user_config: Optional[Mapping[str, Any]], topic: str = "
 def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tuple[str, bool]:
     """(scheduling topic, direct intake?) from the function's inputs and userConfig.
 
-    Direct intake (`schedulingTopic` set): the function's only input is the tick topic, which
-    starts the function. Runtime intake: exactly one input besides the tick topic.
+    Direct intake (`schedulingTopic` set): the inputs are the tick topic and, so that the first
+    scheduling message starts the function, optionally the scheduling topic itself. Runtime
+    intake: exactly one input besides the tick topic.
     """
     inputs = [normalize_topic(t) for t in input_topics]
     tick = normalize_topic(str(user["tickTopic"])) if user.get("tickTopic") else ""
@@ -148,9 +153,10 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
         if not tick or tick not in inputs:
             raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
                              "function's input: ticks start the function and wake it after a restart")
+        others = [t for t in others if t != topic]
         if others:
-            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake) makes tickTopic the function's only "
-                             f"input, but the inputs also have {others}: remove them from inputs/inputSpecs")
+            raise ValueError(f"userConfig schedulingTopic={topic} (direct intake): the inputs may be only tickTopic "
+                             f"and the scheduling topic, but they also have {others}: remove them from inputs/inputSpecs")
         return topic, True
     if len(others) != 1:
         raise ValueError(f"BucketSnapshotWriter needs exactly one scheduling input besides tickTopic (or userConfig "
@@ -168,6 +174,14 @@ def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
         if isinstance(cfg.get(key), Mapping):
             inputs += [t for t in cfg[key] if isinstance(t, str)]
     problems = []
+    sched = normalize_topic(str(known["schedulingTopic"])) if known.get("schedulingTopic") else ""
+    if sched and sched in [normalize_topic(t) for t in inputs]:
+        fqfn = f"{cfg.get('tenant', 'public')}/{cfg.get('namespace', 'default')}/{cfg.get('name', '')}"
+        function_sub = cfg.get("subName") or fqfn
+        if (known.get("schedulingSubscription") or fqfn) != function_sub:
+            problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
+                            f"({known.get('schedulingSubscription') or fqfn!r}) must be the function's subscription "
+                            f"({function_sub!r}), or the two consumers get every message each")
     for check in (lambda: parse_writer_config(known), lambda: scheduling_input(inputs, known)):
         try:
             check()

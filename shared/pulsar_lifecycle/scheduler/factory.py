@@ -9,6 +9,7 @@ from typing import IO, Any, List
 from ..bucket import BucketIndex
 from ..bucket.storage_dir import DirectorySnapshotStorage
 from ..dedup.publisher import DedupPublisher
+from ..runtime.context_api import pulsar_client
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
@@ -89,9 +90,12 @@ def build_service(context: Any) -> SchedulerService:
     publisher = None
     try:
         storage = open_snapshot_storage(cfg, context, resources)
-        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=_snapshot_deleter(cfg, context, scheduling))
+        deleter = _snapshot_deleter(cfg, context, scheduling)
+        if deleter is not None:
+            resources.append(deleter)  # closed with the service: its producers before the client
+        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=deleter)
         producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
-        client = context.get_pulsar_client()
+        client = pulsar_client(context)
         prefix = f"dedup/{context.get_instance_id()}/"
         dedup_state = ContextStateStore(context, prefix=prefix)
         publisher = DedupPublisher(client, producer_name, dedup_state)
@@ -131,7 +135,7 @@ def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) ->
     from ..timing import DelayedProducer
     from .snapshot_deletion import TwoPhaseSnapshotDeleter
 
-    client = context.get_pulsar_client()
+    client = pulsar_client(context)
     topics = DeletionTopics(namespace=cfg.snapshot_deletion_namespace, topic_name=cfg.snapshot_deletion_topic_name,
                             parallelism=cfg.snapshot_deletion_parallelism)
     delayed = DelayedProducer(client, backend="scheduler", scheduling_topic=scheduling_topic)

@@ -105,9 +105,10 @@ class QueueIntake:
                 continue
         return False
 
-    def take(self) -> Optional[IntakeBatch]:
+    def take(self, wait_s: float = 0.2) -> Optional[IntakeBatch]:
+        """Up to batch_size queued items, waiting up to `wait_s` for the first; None when idle."""
         try:
-            first = self._queue.get(timeout=0.2)
+            first = self._queue.get(timeout=wait_s) if wait_s > 0 else self._queue.get_nowait()
         except queue.Empty:
             return None
         batch = [first]
@@ -156,6 +157,8 @@ class SchedulerService:
         self._committed = 0
         self._invalid_producer: Any = None
         self.failure: Optional[BaseException] = None
+        # Called once when a worker thread dies (e.g. to get process() called, which rebuilds).
+        self.on_failure: Optional[Callable[[], None]] = None
         self.received = 0
         self.released = 0
         self.cancelled = 0
@@ -178,8 +181,14 @@ class SchedulerService:
             try:
                 fn()
             except BaseException as exc:  # surfaced through .failure; process() rebuilds the service
+                first = self.failure is None
                 self.failure = exc
                 self._stop.set()
+                if first and self.on_failure is not None:
+                    try:
+                        self.on_failure()
+                    except Exception as hexc:  # the failure below is what matters
+                        log.warning("event=scheduler_failure_hook_failed error=%r", hexc)
                 disk = persist_failure(exc)
                 if disk is not None:
                     # Nothing of the failed batch was acked: it is redelivered once storage works.
@@ -215,6 +224,12 @@ class SchedulerService:
         except Exception as exc:
             log.warning("event=scheduler_stop_flush_failed error=%r", exc)
         self.publisher.close()
+        if self._invalid_producer is not None:
+            try:
+                self._invalid_producer.close()  # every producer closed before the client is
+            except Exception as exc:
+                log.debug("event=invalid_producer_close_failed error=%r", exc)
+            self._invalid_producer = None
         closer = getattr(getattr(self.engine, "storage", None), "close", None)
         if callable(closer):
             closer()
@@ -229,7 +244,11 @@ class SchedulerService:
 
     def _intake_loop(self) -> None:
         while not self._stop.is_set():
-            batch = self._source.take()
+            # Direct intake: what reached process() (the scheduling topic is also an input, on the
+            # same subscription, so a fresh deployment starts) is queued; take it first.
+            batch = self._queue.take(0) if self._source is not self._queue else None
+            if batch is None:
+                batch = self._source.take()
             if batch is None or not batch.items:
                 self.engine.maybe_seal(now_ms())
                 continue

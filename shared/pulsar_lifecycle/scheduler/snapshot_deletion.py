@@ -37,6 +37,13 @@ class TwoPhaseSnapshotDeleter:
         log.info("event=bucket_snapshot_deletion_requested bucket=%d key=%s topic=%s request=%s",
                  bucket_id, bucket_key, self.topic_name, mid)
 
+    def close(self) -> None:
+        """Close the deletion service's producers and its DelayedProducer's (before the client)."""
+        delayed = getattr(self.service, "delayed", None)
+        if delayed is not None:
+            delayed.close()
+        self.service.close()
+
 
 @dataclass
 class SnapshotStoreHooks:

@@ -14,16 +14,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, List, Sequence
 
 from ..bucket.bitmap import LedgerBitmaps
-from ..bucket.codec import Manifest, parse
+from ..bucket.codec import Manifest, ReleaseCursor, parse
 from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
-from ..bucket.sealing import plan_ledger_buckets
+from ..bucket.sealing import plan_ledger_buckets, seal_threshold
 from ..bucket.storage import BucketSnapshotStorage
 from ..bucket_protocol import CANCEL_PROP
+from ..scheduler.index_identity import seq_base_for_new_index
 from ..scheduler.intake import Cancel
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
@@ -59,6 +61,7 @@ class SeedReport:
     invalid_examples: List[str] = field(default_factory=list)
     bucket_ids: List[int] = field(default_factory=list)
     planned_threshold: int = 0
+    index_id: str = ""
     seconds: float = 0.0
     rows_per_s: float = 0.0
 
@@ -83,10 +86,14 @@ def read_backlog(spark: Any, inputs: Sequence[str], fmt: str = "parquet") -> Any
 
 
 def check_empty(storage: BucketSnapshotStorage, url: str) -> None:
-    """Refuse a store a writer has used; drop snapshots no manifest references (a crashed seed)."""
-    if storage.get_manifest() is not None or storage.get_cursor() is not None or storage.journal_read():
-        raise SparkJobError(f"snapshot store {url} is not empty (it has a manifest, cursor or journal): "
-                            "seed only a new store")
+    """Refuse a store a writer has used; drop snapshots no manifest references (a crashed seed).
+    A cursor with no watermark and no manifest is a crashed seed's too (its manifest is the
+    commit point) and is kept with its sequence base."""
+    cursor = storage.get_cursor()
+    released = cursor is not None and parse(ReleaseCursor, cursor, "release cursor").has_watermark
+    if storage.get_manifest() is not None or released or storage.journal_read():
+        raise SparkJobError(f"snapshot store {url} is not empty (it has a manifest, a release watermark or a "
+                            "journal): seed only a new store")
     for bid in storage.list_snapshots(0):
         log.warning("event=seed_drop_unreferenced_snapshot bucket=%d store=%s", bid, url)
         storage.delete(bid)
@@ -153,12 +160,18 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             check_empty(storage, url)
             progress.phase("plan buckets")
             df = read_backlog(spark, inputs, fmt)
-            counts = [(int(r[0]), int(r[1])) for r in df.groupBy("ledger_id").count().collect()]
+            # One scan: rows per ledger and how many are cancel requests.
+            is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
+            per_ledger = df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()
+            counts = [(int(r["ledger_id"]), int(r["n"])) for r in per_ledger]
+            n_cancels = sum(int(r["c"] or 0) for r in per_ledger)
             plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket, limit)
-            report.planned_threshold = min((c for _, _, c in plan), default=0)
+            report.planned_threshold = seal_threshold(sum(c for _, c in counts),
+                                                      config.delayed_delivery_min_index_count_per_bucket, limit)
             progress.phase("cancel requests")
-            tomb = _tombstones(df, opts, report)
+            tomb = _tombstones(df, opts, report) if n_cancels else LedgerBitmaps()
             if not plan:
+                report.index_id = _claim_index(storage)
                 storage.put_manifest(manifest_from_maps([], seen={}, tombstones=tomb.to_proto_map(), journal_cut=0,
                                                         max_bucket_id=0, pending_delete=()))
                 report.seconds = round(time.monotonic() - t0, 3)
@@ -171,6 +184,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 ledger_bucket.append((ledger, no))
             ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
             progress.phase("build and write buckets")
+            progress.expect_rows(sum(c for _, c in counts))
             spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
             out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
                    .groupBy("bucket_no").applyInPandas(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
@@ -192,6 +206,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 report.items += r["index_count"]
                 report.segments += r["segments"]
             progress.rows(report.rows)
+            report.index_id = _claim_index(storage)
             storage.put_manifest(manifest_from_maps(refs, seen=seen, tombstones=tomb.to_proto_map(), journal_cut=0,
                                                     max_bucket_id=first + len(plan) - 1, pending_delete=()))
             report.buckets = len(refs)
@@ -204,6 +219,18 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
     log.info("event=seed_done store=%s rows=%d items=%d buckets=%d segments=%d seconds=%.1f",
              url, report.rows, report.items, report.buckets, report.segments, report.seconds)
     return report
+
+
+def _claim_index(storage: BucketSnapshotStorage) -> str:
+    """Make the store a new index before its manifest (the commit point) is written: a cursor
+    with the sequence base of a new index (so releases never collide with ids an earlier index
+    published; scheduler/index_identity.py) and an index id the writer adopts at its first start."""
+    if storage.get_cursor() is None:
+        base = seq_base_for_new_index(int(time.time() * 1000), 0)
+        storage.put_cursor(ReleaseCursor(has_watermark=False, seq=base).SerializeToString())
+    index_id = storage.get_index_id() or uuid.uuid4().hex
+    storage.put_index_id(index_id)
+    return index_id
 
 
 def _tombstones(df: Any, opts: ClassifyOptions, report: SeedReport) -> LedgerBitmaps:

@@ -20,7 +20,7 @@ from ..bucket.records import DelayedMessage
 from ..bucket.segments import CutSegment, cut_segments, snapshot_metadata
 from ..bucket.storage import BucketSnapshotStorage, write_whole
 from ..scheduler.intake import Cancel, Invalid
-from .backlog import ClassifyOptions, as_properties, classify_row
+from .backlog import ClassifyOptions, classify_row
 
 log = logging.getLogger(__name__)
 
@@ -63,11 +63,13 @@ def build_bucket(rows: Iterable[Tuple[Any, ...]], config: BucketConfig, opts: Cl
     out = BucketBuild()
     items: List[Item] = []
     seen = out.seen
+    nrows = 0
     for ledger, entry, batch, partition, payload, props, key, event_time in rows:
-        out.rows += 1
-        res = classify_row(int(ledger), int(entry), int(batch), int(partition), bytes(payload),
-                           as_properties(props), key if isinstance(key, str) else None,
-                           int(event_time or 0), opts)
+        nrows += 1
+        # Arrow hands over ints, bytes and lists of pairs; NaN/None for null keys and times.
+        res = classify_row(ledger, entry, batch, partition, payload if type(payload) is bytes else bytes(payload),
+                           dict(props) if props is not None else {}, key if type(key) is str else None,
+                           event_time if type(event_time) is int else 0, opts)
         if type(res) is DelayedMessage:
             if tombstones.contains(res.ledger_id, res.entry_id):
                 out.cancelled += 1
@@ -84,6 +86,7 @@ def build_bucket(rows: Iterable[Tuple[Any, ...]], config: BucketConfig, opts: Cl
             if len(out.invalid_examples) < MAX_EXAMPLES:
                 reason = res.reason if isinstance(res, Invalid) else repr(res)
                 out.invalid_examples.append(f"{ledger}:{entry}:{batch} (partition {partition}): {reason}")
+    out.rows = nrows
     if not items:
         return out
     items.sort()

@@ -149,12 +149,21 @@ def _use_channel(client: Any, channel: grpc.Channel) -> None:
         setattr(client, "__namespaces__", Namespaces(root_range))
 
 
+def _bad_java_char(c: int) -> bool:
+    """A UTF-16 unit ProtoUtils.validateStreamName refuses (its ranges are exclusive)."""
+    return (c in (0, 0x20, 0x3C, 0x3E) or 0 < c < 0x1F or 0x7F < c < 0x9F or 0xD800 < c < 0xF8FF
+            or 0xFFF0 < c < 0xFFFF)
+
+
 def _check_name(kind: str, name: str) -> None:
-    # The table service accepts only letters, digits and '_' (ProtoUtils.validate*Name); say so
-    # up front instead of surfacing INVALID_*_NAME from deep inside the client.
-    if not name or not all(c.isalnum() or c == "_" for c in name):
+    # BookKeeper's ProtoUtils.validateStreamName (namespaces use it too) follows distributedlog's
+    # stream-name rule, per UTF-16 unit; say so up front instead of surfacing INVALID_*_NAME
+    # from deep inside the client.
+    raw = name.encode("utf-16-le", "surrogatepass") if name else b""
+    if not name or any(_bad_java_char(raw[i] | (raw[i + 1] << 8)) for i in range(0, len(raw), 2)):
         raise StateError(
-            f"BookKeeper {kind} name {name!r} is invalid: the table service allows only letters, digits and '_'"
+            f"BookKeeper {kind} name {name!r} is invalid: the table service refuses empty names, NUL, space, "
+            "'<', '>' and control characters (distributedlog's stream-name rule)"
         )
 
 

@@ -8,6 +8,7 @@ Two backends, chosen by configuration:
 """
 from __future__ import annotations
 
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,6 +20,28 @@ from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 from ..scheduler.positions import format_message_ref
 
 BACKENDS = ("broker", "scheduler")
+MAX_TIME_MS = 2**63 - 1  # Pulsar's deliverAtTime is a Java long
+
+
+def check_time_ms(name: str, value: Any) -> int:
+    """`value` as whole milliseconds, or ValueError naming `name` and the value.
+
+    Refuses bool, NaN, infinities and negatives (int(nan) would raise a message that names
+    neither the argument nor the value); a fraction is rounded up, never early.
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number of milliseconds, got {type(value).__name__} {value!r}")
+    if isinstance(value, float):
+        if math.isnan(value):
+            raise ValueError(f"{name} must be a number of milliseconds, got NaN")
+        if math.isinf(value):
+            raise ValueError(f"{name} must be finite, got {value!r}")
+    out = math.ceil(value)
+    if out < 0:
+        raise ValueError(f"{name} must not be negative, got {value!r}")
+    if out > MAX_TIME_MS:
+        raise ValueError(f"{name} must be at most {MAX_TIME_MS} (int64), got {value!r}")
+    return out
 
 
 def now_ms() -> int:
@@ -56,8 +79,7 @@ class DelayedProducer:
     def _prepare(self, topic: str, deliver_at_ms: int, properties: Optional[Mapping[str, str]], key: Optional[str],
                  event_timestamp: Optional[int]) -> Tuple[str, Dict[str, str], Dict[str, Any]]:
         """(topic to send to, properties, send kwargs) of one delayed message."""
-        if deliver_at_ms < 0:
-            raise ValueError(f"deliver-at time must not be negative, got {deliver_at_ms}")
+        deliver_at_ms = check_time_ms("deliver_at_ms", deliver_at_ms)
         props = dict(properties or {})
         kwargs: Dict[str, Any] = {}
         if key is not None:
@@ -108,9 +130,8 @@ class DelayedProducer:
 
     def send_after(self, topic: str, payload: bytes, delay_ms: int, **kw) -> pulsar.MessageId:
         """Like send(), with a delay relative to now."""
-        if delay_ms < 0:
-            raise ValueError(f"delay must not be negative, got {delay_ms} ms")
-        return self.send(topic, payload, now_ms() + int(delay_ms), **kw)
+        delay = check_time_ms("delay_ms", delay_ms)
+        return self.send(topic, payload, now_ms() + delay, **kw)
 
     def cancel(self, message_id: pulsar.MessageId) -> pulsar.MessageId:
         """Ask the scheduler to drop a not-yet-released message (scheduler backend only)."""

@@ -1,0 +1,79 @@
+"""How BucketSnapshotWriter starts by itself and wakes after a restart (docs/architecture.md, "Clock").
+
+Pulsar's Python runtime has no init hook or timer: an instance does nothing until a message of
+one of its inputs arrives. The release thread (service.py) is the writer's clock once it runs;
+this module only makes sure something calls process() after every start:
+
+* the scheduling topic is an input (besides direct intake's own batch consumer on the same
+  subscription), so the first scheduling message starts a fresh deployment;
+* at each service start the writer sends one wake tick to `tickTopic` and keeps exactly one tick
+  unacked (`WakeTickHolder`). Pulsar redelivers an unacked message to the next consumer of the
+  subscription, so after a restart the held tick calls process() at once, with an idle
+  scheduling topic and without deliver_after (which some brokers ignore);
+* every other tick is acked when it arrives: extra or duplicated ticks never multiply, and no
+  tick is ever re-sent by a tick, so nothing runs away on a broker that ignores deliver_after;
+* when the service fails (disk full, a failed release send) it sends one tick after
+  tickTimeMillis (`wake_after_failure`), whose arrival calls process(), which rebuilds it: at
+  most one rebuild per tickTimeMillis while the failure lasts, without deliver_after.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Optional, Tuple
+
+log = logging.getLogger(__name__)
+
+TICK_PROP = "__pl_tick__"  # the same property the local runner's ticks carry
+
+Position = Tuple[int, int, int, int]  # (ledger, entry, partition, batch index) of a tick
+
+
+class WakeTickHolder:
+    """Decides per received tick: hold it unacked (the one wake-up token) or ack it (extra)."""
+
+    def __init__(self) -> None:
+        self._held: Optional[Position] = None
+
+    @property
+    def held(self) -> Optional[Position]:
+        """The position of the tick kept unacked, if any."""
+        return self._held
+
+    def on_tick(self, position: Position) -> bool:
+        """True: keep this tick unacked (the first one seen, or its redelivery); False: ack it."""
+        if self._held is None or self._held == position:
+            self._held = position
+            return True
+        return False
+
+
+def position_of(message_id: Any) -> Position:
+    """(ledger, entry, partition, batch index) of a pulsar.MessageId."""
+    return (int(message_id.ledger_id()), int(message_id.entry_id()), int(message_id.partition()),
+            int(message_id.batch_index()))
+
+
+def send_wake_tick(client: Any, tick_topic: str) -> None:
+    """Send one tick and wait for the broker's receipt: from then on a restart finds a tick to
+    redeliver (the held one, or this one), before anything of this start is acked."""
+    producer = client.create_producer(tick_topic, batching_enabled=False)
+    try:
+        producer.send(b"tick", properties={TICK_PROP: str(int(time.time() * 1000))})
+    finally:
+        producer.close()
+    log.info("event=wake_tick_sent topic=%s", tick_topic)
+
+
+def wake_after_failure(client: Any, tick_topic: str, delay_ms: int) -> None:
+    """Send one tick `delay_ms` from now, from a daemon timer (the failed service's threads are
+    ending; the tick's arrival calls process(), which rebuilds the service)."""
+    def fire() -> None:
+        try:
+            send_wake_tick(client, tick_topic)
+        except Exception as exc:  # the next message or restart still wakes it
+            log.warning("event=wake_tick_failed topic=%s error=%r", tick_topic, exc)
+    timer = threading.Timer(max(0, delay_ms) / 1000.0, fire)
+    timer.daemon = True
+    timer.start()

@@ -1,0 +1,421 @@
+"""`spark verify`: check every snapshot of a writer's store, optionally against an export.
+
+The driver reads the manifest once (it is replaced atomically, so this is a consistent view
+even while a writer runs; nothing is written to the store) and checks what spans buckets:
+duplicate ids, overlapping ledger ranges, snapshots outside the manifest. Executors check one
+bucket each (checks.py). A snapshot that vanished meanwhile (merged or exhausted by a running
+writer) is re-checked against a fresh manifest: gone from it too is fine, still listed is a
+violation. With `against`, every exported message must be indexed exactly once, unless it was
+cancelled or (running writer) already released or still in the journal.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from ..bucket.bitmap import LedgerBitmaps
+from ..bucket.codec import (
+    BucketRef,
+    CorruptRecordError,
+    JournalRecord,
+    Manifest,
+    ReleaseCursor,
+    SnapshotMetadata,
+    index_id_of,
+    parse,
+    parse_segment,
+)
+from ..bucket.config import BucketConfig
+from ..bucket.storage import BucketSnapshotStorage, StorageError
+from ..scheduler.intake import Cancel
+from .backlog import ClassifyOptions, as_properties, classify_row
+from .checks import (
+    DUPLICATE,
+    MANIFEST,
+    MISSING,
+    MISSING_SNAPSHOT,
+    OVERLAP,
+    Violation,
+    check_bucket,
+    overlapping,
+)
+from .errors import SparkJobError
+from .progress import JobProgress
+from .seed import ROW_COLUMNS, read_backlog
+from .store import open_store, store_dir
+
+log = logging.getLogger(__name__)
+
+MAX_EXAMPLES = 20
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of a verify run (summary text, JSON report and picture come from it)."""
+
+    store: str
+    buckets: int = 0
+    items: int = 0
+    segments: int = 0
+    bytes: int = 0
+    violations: Dict[str, int] = field(default_factory=dict)
+    examples: List[Dict[str, Any]] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    bucket_details: List[Dict[str, Any]] = field(default_factory=list)
+    against: Optional[Dict[str, Any]] = None
+    committed: Optional[List[int]] = None
+    seconds: float = 0.0
+    items_per_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """No violation found."""
+        return not any(self.violations.values())
+
+    def violate(self, kind: str, bucket_id: int, detail: str, count: int = 1) -> None:
+        """Count `count` violations of `kind`, keeping the first examples."""
+        self.violations[kind] = self.violations.get(kind, 0) + count
+        if len(self.examples) < MAX_EXAMPLES:
+            self.examples.append(asdict(Violation(kind, bucket_id, detail)))
+
+    def to_json(self) -> str:
+        """The JSON report."""
+        return json.dumps(dict(asdict(self), ok=self.ok), indent=2)
+
+    def summary(self) -> str:
+        """The text summary: totals, violations per kind, first examples, warnings."""
+        lines = [f"store {self.store}: {self.buckets} buckets, {self.segments} segments, {self.items:,} indexes, "
+                 f"{self.bytes:,} bytes; checked in {self.seconds:.1f} s ({self.items_per_s:,.0f} indexes/s)"]
+        if self.committed:
+            lines.append(f"release watermark: ts {self.committed[0]} ledger {self.committed[1]} entry {self.committed[2]}")
+        if self.against is not None:
+            a = self.against
+            lines.append(f"against export: {a['expected']:,} messages; found once {a['found']:,}, missing {a['missing']:,}, "
+                         f"cancelled {a['cancelled']:,}, released {a['released']:,}, in journal {a['journal']:,}, "
+                         f"indexed but not in the export {a['not_in_export']:,}")
+        if self.ok:
+            lines.append("OK: no violations")
+        else:
+            lines.append("VIOLATIONS: " + ", ".join(f"{k} {v}" for k, v in sorted(self.violations.items()) if v))
+            for ex in self.examples[:10]:
+                lines.append(f"  [{ex['kind']}] bucket {ex['bucket_id']}: {ex['detail']}")
+        for w in self.warnings[:10]:
+            lines.append(f"warning: {w}")
+        return "\n".join(lines)
+
+
+def bind(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """`fn` with leading arguments bound, as a plain function for mapInPandas (see seed.bind_group)."""
+
+    def run(batches: Any) -> Any:
+        return fn(*args, batches)
+
+    return run
+
+
+def check_partition(url: str, config: BucketConfig, batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInPandas: check the buckets of each batch (rows: bucket_id, ref, seen)."""
+    import pandas as pd  # executor side
+
+    storage = open_store(url)
+    try:
+        for pdf in batches:
+            out = []
+            for bid, ref_raw, seen_raw in zip(pdf["bucket_id"], pdf["ref"], pdf["seen"]):
+                ref = BucketRef.FromString(bytes(ref_raw))
+                seen = LedgerBitmaps.from_proto_map(Manifest.FromString(bytes(seen_raw)).seen, "seen-set")
+                out.append({"bucket_id": int(bid), "result": json.dumps(check_bucket(storage, ref, config, seen).to_dict())})
+            yield pd.DataFrame(out, columns=["bucket_id", "result"])
+    finally:
+        storage.close()
+
+
+def positions_partition(url: str, batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInPandas: every index position of the batch's buckets (ledger, entry, ts, bucket)."""
+    import pandas as pd  # executor side
+
+    storage = open_store(url)
+    try:
+        for pdf in batches:
+            for bid in pdf["bucket_id"]:
+                bid = int(bid)
+                try:
+                    n = len(parse(SnapshotMetadata, storage.get_metadata(bid), "metadata").metadata_list)
+                    datas = storage.get_segments(bid, 1, n) if n else []
+                except (StorageError, CorruptRecordError):
+                    continue  # reported by the check pass
+                for k, data in enumerate(datas, start=1):
+                    try:
+                        idx = parse_segment(data).indexes
+                    except CorruptRecordError:
+                        continue
+                    yield pd.DataFrame({"ledger_id": [i.ledger_id for i in idx], "entry_id": [index_id_of(i) for i in idx],
+                                        "ts": [i.timestamp for i in idx], "bucket_id": [bid] * len(idx)})
+    finally:
+        storage.close()
+
+
+def expected_partition(opts: ClassifyOptions, batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInPandas: what the writer indexes for each exported row: (ledger, entry, deliver_at, kind)."""
+    import pandas as pd  # executor side
+
+    for pdf in batches:
+        out: Dict[str, list] = {"ledger_id": [], "entry_id": [], "deliver_at": [], "kind": []}
+        for ledger, entry, batch, part, payload, props, key, evt in zip(*(pdf[c].tolist() for c in ROW_COLUMNS)):
+            res = classify_row(int(ledger), int(entry), int(batch), int(part), bytes(payload), as_properties(props),
+                               key if isinstance(key, str) else None, int(evt or 0), opts)
+            if isinstance(res, Cancel):
+                out["ledger_id"].append(res.ledger_id)
+                out["entry_id"].append(res.entry_id)
+                out["deliver_at"].append(0)
+                out["kind"].append("cancel")
+            elif hasattr(res, "deliver_at"):
+                out["ledger_id"].append(res.ledger_id)
+                out["entry_id"].append(res.entry_id)
+                out["deliver_at"].append(res.deliver_at)
+                out["kind"].append("item")
+        yield pd.DataFrame(out)
+
+
+def _seen_slices(man: Any) -> Tuple[List[int], Dict[int, bytes]]:
+    ledgers = sorted(man.seen)
+    return ledgers, dict(man.seen)
+
+
+def _seen_for(ledgers: List[int], seen: Dict[int, bytes], start: int, end: int) -> bytes:
+    part = Manifest()
+    for ledger in ledgers[bisect.bisect_left(ledgers, start):bisect.bisect_right(ledgers, end)]:
+        part.seen[ledger] = seen[ledger]
+    return part.SerializeToString()
+
+
+def _journal(storage: BucketSnapshotStorage, url: str, report: VerifyReport) -> Tuple[LedgerBitmaps, LedgerBitmaps, bool]:
+    """(journal item positions, journal cancels, read?) - read only when no writer holds the store
+    (reading a live directory journal could race with its appends)."""
+    from ..scheduler.factory import lock_exclusively
+
+    items, cancels = LedgerBitmaps(), LedgerBitmaps()
+    path = store_dir(url)
+    fh = None
+    if path is not None:
+        try:
+            fh = lock_exclusively(path)
+        except RuntimeError:
+            report.warnings.append("a writer holds the store: its journal (the newest items) was not read")
+            return items, cancels, False
+    try:
+        man = parse(Manifest, storage.get_manifest(), "manifest")
+        for rid, raw in storage.journal_read():
+            if rid <= man.journal_cut:
+                continue
+            rec = parse(JournalRecord, raw, f"journal record {rid}")
+            if rec.add:
+                for idx in parse_segment(raw).indexes:
+                    items.add(idx.ledger_id, index_id_of(idx))
+            for op in rec.cancel:
+                cancels.add(op.ledger_id, op.entry_id)
+    finally:
+        if fh is not None:
+            fh.close()
+    return items, cancels, True
+
+
+def run_verify(spark: Any, url: str, config: BucketConfig, *, against: Optional[Sequence[str]] = None,
+               opts: Optional[ClassifyOptions] = None, fmt: str = "parquet", allow_overlap: bool = False,
+               progress: JobProgress) -> VerifyReport:
+    """Verify the store at `url` (read only); `against` = export files every message of which
+    must be indexed exactly once."""
+    t0 = time.monotonic()
+    report = VerifyReport(store=url)
+    storage = open_store(url)
+    try:
+        progress.phase("manifest")
+        raw = storage.get_manifest()
+        if raw is None:
+            raise SparkJobError(f"snapshot store {url} has no manifest: not a writer's (or a seeded) store")
+        try:
+            man = parse(Manifest, raw, "bucket manifest")
+        except CorruptRecordError as exc:
+            raise SparkJobError(f"snapshot store {url}: {exc}") from exc
+        cur_raw = storage.get_cursor()
+        watermark = None
+        if cur_raw is not None:
+            cur = parse(ReleaseCursor, cur_raw, "release cursor")
+            if cur.has_watermark:
+                watermark = (cur.ts, cur.ledger_id, cur.entry_id)
+                report.committed = list(watermark)
+        refs = list(man.buckets)
+        _global_checks(report, man, refs, storage, allow_overlap)
+        ledgers, seen = _seen_slices(man)
+        rows = [(r.bucket_id, r.SerializeToString(), _seen_for(ledgers, seen, r.start_ledger_id, r.end_ledger_id))
+                for r in refs]
+        report.buckets = len(refs)
+        if refs:
+            progress.phase("check buckets")
+            parts = max(1, min(len(refs), 4 * spark.sparkContext.defaultParallelism))
+            bdf = spark.createDataFrame(rows, "bucket_id long, ref binary, seen binary").repartition(parts)
+            results = bdf.mapInPandas(bind(check_partition, url, config), "bucket_id long, result string").collect()
+            by_id = {r.bucket_id: r for r in refs}
+            for row in sorted(results, key=lambda r: r["bucket_id"]):
+                _collect(report, json.loads(row["result"]), by_id[row["bucket_id"]], storage)
+            progress.rows(report.items)
+            if against:
+                progress.phase("against export")
+                report.against = _against(spark, url, bdf, against, fmt, opts, watermark, man, storage, report)
+    finally:
+        storage.close()
+    report.seconds = round(time.monotonic() - t0, 3)
+    report.items_per_s = round(report.items / report.seconds) if report.seconds else 0
+    log.info("event=verify_done store=%s buckets=%d items=%d violations=%s seconds=%.1f", url, report.buckets,
+             report.items, json.dumps(report.violations), report.seconds)
+    return report
+
+
+def _global_checks(report: VerifyReport, man: Any, refs: List[Any], storage: BucketSnapshotStorage,
+                   allow_overlap: bool) -> None:
+    ids = [r.bucket_id for r in refs]
+    if len(set(ids)) != len(ids):
+        report.violate(MANIFEST, 0, f"bucket ids listed twice: {sorted({i for i in ids if ids.count(i) > 1})}")
+    if ids and man.max_bucket_id < max(ids):
+        report.violate(MANIFEST, max(ids), f"max_bucket_id {man.max_bucket_id} below listed bucket {max(ids)}")
+    for a, b in overlapping([(r.bucket_id, r.start_ledger_id, r.end_ledger_id) for r in refs]):
+        if allow_overlap:
+            report.warnings.append(f"buckets {a} and {b} cover overlapping ledger ranges")
+        else:
+            report.violate(OVERLAP, b, f"buckets {a} and {b} cover overlapping ledger ranges")
+    listed = set(ids) | set(man.pending_delete)
+    for bid in storage.list_snapshots(0):
+        if bid in listed:
+            continue
+        if bid > man.max_bucket_id:
+            report.warnings.append(f"snapshot {bid} is newer than the manifest (being written by a running writer?)")
+        else:
+            report.warnings.append(f"snapshot {bid} is in no manifest list (leaked, or awaiting two-phase deletion)")
+
+
+def _collect(report: VerifyReport, res: Dict[str, Any], ref: Any, storage: BucketSnapshotStorage) -> None:
+    bid = res["bucket_id"]
+    if res["status"] == "gone":
+        fresh = storage.get_manifest()
+        still = fresh is not None and any(b.bucket_id == bid for b in Manifest.FromString(fresh).buckets)
+        if still:
+            report.violate(MISSING_SNAPSHOT, bid, "listed in the manifest but absent from the store")
+        else:
+            report.warnings.append(f"bucket {bid} was removed by the writer while verifying (merged or exhausted)")
+        return
+    report.items += res["items"]
+    report.segments += len(res["segments"])
+    report.bytes += res["length"]
+    report.bucket_details.append({"bucket_id": bid, "key": ref.bucket_key, "start_ledger": ref.start_ledger_id,
+                                  "end_ledger": ref.end_ledger_id, "items": res["items"], "segments": res["segments"]})
+    for kind, n in res["counts"].items():
+        report.violations[kind] = report.violations.get(kind, 0) + n
+    for v in res["violations"]:
+        if len(report.examples) < MAX_EXAMPLES:
+            report.examples.append(v)
+
+
+def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, opts: Optional[ClassifyOptions],
+             watermark: Optional[Tuple[int, int, int]], man: Any, storage: BucketSnapshotStorage,
+             report: VerifyReport) -> Dict[str, Any]:
+    from pyspark.sql import functions as F  # optional dependency: only this job needs it
+
+    if opts is None:
+        raise SparkJobError("verify --against needs the writer's intake settings")
+    journal_items, journal_cancels, _ = _journal(storage, url, report)
+    tomb = LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones").union(journal_cancels)
+    actual = bdf.mapInPandas(bind(positions_partition, url), "ledger_id long, entry_id long, ts long, bucket_id long")
+    actual = actual.persist()
+    dup = actual.groupBy("ledger_id", "entry_id").agg(F.count("*").alias("n"), F.collect_set("bucket_id").alias("b"))
+    dup = dup.where("n > 1")
+    ndup = dup.count()
+    for r in dup.limit(5).collect():
+        report.violate(DUPLICATE, int(r["b"][0]), f"position {r['ledger_id']}:{r['entry_id']} indexed {r['n']} times "
+                                                  f"(buckets {sorted(r['b'])})", count=0)
+    if ndup:
+        report.violations[DUPLICATE] = report.violations.get(DUPLICATE, 0) + ndup
+    src = read_backlog(spark, inputs, fmt).select(*ROW_COLUMNS)
+    exp = src.mapInPandas(bind(expected_partition, opts), "ledger_id long, entry_id long, deliver_at long, kind string")
+    exp = exp.persist()
+    items = exp.where("kind = 'item'").dropDuplicates(["ledger_id", "entry_id"])
+    cancels = exp.where("kind = 'cancel'").select("ledger_id", "entry_id").distinct()
+    expected = items.count()
+    pos = actual.select("ledger_id", "entry_id").distinct()
+    absent = items.join(pos, ["ledger_id", "entry_id"], "left_anti")
+    found = expected - absent.count()
+    not_in_export = pos.join(items.select("ledger_id", "entry_id"), ["ledger_id", "entry_id"], "left_anti").count()
+    counts = {"cancelled": 0, "released": 0, "journal": 0, "missing": 0}
+    examples = []
+    absent = absent.join(cancels, ["ledger_id", "entry_id"], "left_anti")
+    counts["cancelled"] = expected - found - absent.count()
+    for r in absent.toLocalIterator():
+        ledger, entry, at = int(r["ledger_id"]), int(r["entry_id"]), int(r["deliver_at"])
+        if tomb.contains(ledger, entry):
+            counts["cancelled"] += 1
+        elif journal_items.contains(ledger, entry):
+            counts["journal"] += 1
+        elif watermark is not None and at <= watermark[0]:
+            counts["released"] += 1
+        else:
+            counts["missing"] += 1
+            if len(examples) < 5:
+                examples.append(f"{ledger}:{entry} (deliver at {at})")
+    if counts["missing"]:
+        report.violate(MISSING, 0, f"{counts['missing']} exported messages are in no snapshot, e.g. {', '.join(examples)}",
+                       count=counts["missing"])
+    actual.unpersist()
+    exp.unpersist()
+    return {"expected": expected, "found": found, "not_in_export": not_in_export, "duplicates": ndup, **counts}
+
+
+def write_outputs(report: VerifyReport, out_dir: Path) -> Dict[str, Path]:
+    """summary.txt, report.json and buckets.png under `out_dir`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"summary": out_dir / "summary.txt", "report": out_dir / "report.json", "picture": out_dir / "buckets.png"}
+    paths["summary"].write_text(report.summary() + "\n")
+    paths["report"].write_text(report.to_json())
+    draw_buckets(report, paths["picture"])
+    return paths
+
+
+def draw_buckets(report: VerifyReport, path: Path) -> None:
+    """A picture of the buckets over time: one row per bucket, one bar per segment from its min
+    to its max release time, thicker for more indexes; buckets with violations in red."""
+    import matplotlib  # optional dependency (spark extra); headless backend
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+
+    bad = {ex["bucket_id"] for ex in report.examples}
+    details = report.bucket_details
+    fig_h = min(2 + 0.25 * max(1, len(details)), 40)
+    fig, ax = plt.subplots(figsize=(12, fig_h))
+    biggest = max((c for d in details for _, _, c in d["segments"]), default=1)
+    for y, d in enumerate(details):
+        color = "tab:red" if d["bucket_id"] in bad else "tab:blue"
+        for lo, hi, count in d["segments"]:
+            x0 = mdates.date2num(_dt(lo))
+            width = max(mdates.date2num(_dt(hi)) - x0, 1e-6)
+            ax.broken_barh([(x0, width)], (y - 0.4 * count / biggest, 0.8 * count / biggest), color=color, alpha=0.7)
+    ax.set_yticks(range(len(details)))
+    ax.set_yticklabels([f"{d['bucket_id']} [{d['start_ledger']}..{d['end_ledger']}] {d['items']:,}" for d in details],
+                       fontsize=7)
+    ax.xaxis_date()
+    ax.set_xlabel("release time (UTC); bar height = indexes per segment")
+    ax.set_title(f"{report.buckets} buckets, {report.segments} segments, {report.items:,} indexes - "
+                 f"{'OK' if report.ok else 'VIOLATIONS'}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _dt(ms: int) -> Any:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(ms / 1000, tz=datetime.timezone.utc)
