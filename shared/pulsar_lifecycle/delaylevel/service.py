@@ -132,6 +132,7 @@ class DelayLevelSyncerService:
                                 cfg.backlog_check_interval_millis)
         self.retention_problems: List[str] = []
         self._stopped = False
+        self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
 
@@ -191,7 +192,7 @@ class DelayLevelSyncerService:
             raise
         for fw in self.forwarders:
             fw.start()
-        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-metrics", self._metrics_loop)):
+        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -281,12 +282,24 @@ class DelayLevelSyncerService:
         return out
 
     def _metrics_loop(self) -> None:
-        while not self.stop_event.wait(self.cfg.metrics_interval_seconds):
-            for name, value in self.metrics().items():
-                try:
-                    self.record_metric(name, value)
-                except Exception as exc:  # metrics must never stop forwarding
-                    log.debug("event=delay_level_metric_failed name=%s error=%r", name, exc)
+        next_record = time.monotonic()
+        while not self.stop_event.wait(0.5):
+            if time.monotonic() >= next_record:
+                next_record += self.cfg.metrics_interval_seconds
+                self._record_metrics()
+        # Stopped by a failure (not by stop()): ask for a rebuild (the function sends a wake tick).
+        if not self._stopped and self.on_failure is not None:
+            try:
+                self.on_failure()
+            except Exception as exc:  # the next tick or restart still rebuilds it
+                log.warning("event=delay_level_on_failure_failed error=%r", exc)
+
+    def _record_metrics(self) -> None:
+        for name, value in self.metrics().items():
+            try:
+                self.record_metric(name, value)
+            except Exception as exc:  # metrics must never stop forwarding
+                log.debug("event=delay_level_metric_failed name=%s error=%r", name, exc)
 
     @property
     def healthy(self) -> bool:
