@@ -121,13 +121,17 @@ def test_export_crash_between_file_and_ack_duplicates_nothing(broker, tmp_path: 
 
 
 def _writer_config(tmp_path: Path, unique: str) -> Tuple[Path, dict]:
+    """The shipped writer config (its wake rules: nothing starts it but an input message) with
+    this test's topics and small buckets."""
     cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
     ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    sched = f"persistent://public/default/sched-{unique}"
+    specs = list(cfg["inputSpecs"].values())
+    cfg["inputSpecs"] = {ticks: specs[0], sched: specs[1]}
     cfg["output"] = f"persistent://public/default/released-{unique}"
     cfg["name"] = f"writer-{unique}"
     cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
-                             tickTimeMillis=200, schedulingTopic=f"persistent://public/default/sched-{unique}",
+                             schedulingTopic=sched,
                              delayedDeliveryMinIndexCountPerBucket=40,
                              delayedDeliveryMaxTimeStepPerBucketSnapshotSegmentSeconds=2,
                              delayedDeliveryMaxIndexesPerBucketSnapshotSegment=30)
@@ -158,7 +162,7 @@ def test_a_seeded_store_is_released_exactly_once_on_time_without_replay(spark, b
     runner = CliRunner()
     res = runner.invoke(main, ["export-backlog", "--service-url", broker.service_url, "--topic", sched,
                                "--subscription", fqfn, "--out", str(tmp_path / "backlog"), "--idle-ms", "1500",
-                               "--store", str(tmp_path / "snapshots")])
+                               "--store", str(tmp_path / "snapshots"), "--wake-topic", cfg["userConfig"]["tickTopic"]])
     assert res.exit_code == 0, res.output
     res = runner.invoke(main, ["spark", "seed", str(tmp_path / "backlog"), "--store", str(tmp_path / "snapshots"),
                                "--function-config-file", str(config_path), "--quiet"])

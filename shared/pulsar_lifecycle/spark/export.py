@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from ..scheduler.wake import TICK_PROP
 from ..state.directory import atomic_write
 from .backlog import EXPORT_SCHEMA, external_rows, protocol_columns
 from .errors import SparkJobError
@@ -129,6 +130,18 @@ def _clean_temporaries(out_dir: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def leave_wake_tick(client: "pulsar.Client", tick_topic: str) -> None:
+    """Send one tick to the writer's tick topic. The writer does nothing until a message of an
+    input arrives (scheduler/wake.py); after seeding, its scheduling topic may stay idle, so the
+    first start needs this tick to recover the seeded store and release."""
+    producer = client.create_producer(tick_topic, batching_enabled=False)
+    try:
+        producer.send(b"tick", properties={TICK_PROP: str(int(time.time() * 1000))})
+    finally:
+        producer.close()
+    log.info("event=export_wake_tick_sent topic=%s", tick_topic)
+
+
 class ExportDir:
     """An export directory being appended to: what it already holds, and the next part file."""
 
@@ -165,7 +178,8 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     t0 = time.monotonic()
     export = ExportDir(out_dir)
     report, seen = export.report, export.seen
-    consumer = client.subscribe(list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
+    # One topic: a plain consumer (a multi-topic consumer only when partitions are named).
+    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
                                 initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=min(max(1000, batch_rows), 50_000))
     log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
