@@ -145,7 +145,9 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
                 partitions: int, batch: int) -> float:
-    cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch)
+    # The same receiver queue (1000) and batch size as the pipe.
+    cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
+                        receiverQueueSize=1000)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
