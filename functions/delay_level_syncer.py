@@ -15,7 +15,7 @@ from typing import Any, Optional
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.delaylevel.wiring import build_syncer
 from pulsar_lifecycle.runtime.context_api import pulsar_client
-from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of, send_wake_tick, wake_after_failure
+from pulsar_lifecycle.scheduler.wake import WakeTickHolder, arm_wake, position_of
 
 
 class DelayLevelSyncer:
@@ -33,15 +33,7 @@ class DelayLevelSyncer:
             self.service = None
         if self.service is None:
             service = build_syncer(context)
-            cfg = service.cfg
-            if cfg.tick_topic:
-                client = pulsar_client(context)
-                try:
-                    send_wake_tick(client, cfg.tick_topic)
-                except BaseException:
-                    service.stop()  # raised: this tick is redelivered and the next call retries
-                    raise
-                service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
+            arm_wake(service, pulsar_client(context), service.cfg.tick_topic, service.cfg.tick_time_millis)
             self.service = service
         return self.service
 
