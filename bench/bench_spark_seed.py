@@ -46,7 +46,7 @@ import _writer_common as wc  # noqa: E402 - bench helpers live next to this file
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshotStorage  # noqa: E402
 from pulsar_lifecycle.bucket.records import DelayedMessage  # noqa: E402
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP  # noqa: E402
-from pulsar_lifecycle.spark.export import leave_wake_tick  # noqa: E402
+from pulsar_lifecycle.scheduler.wake import send_wake_tick  # noqa: E402
 from pulsar_lifecycle.spark.backlog import EXPORT_SCHEMA, as_properties, classify_row  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
 from pulsar_lifecycle.spark.seed import run_seed  # noqa: E402
@@ -158,7 +158,7 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
     config.write_text(cfg_text)
     client = wc.quiet_client(broker_url)
     consumer = wc.output_consumer(client, topics.out)
-    leave_wake_tick(client, topics.ticks)  # what export-backlog --wake-topic leaves for the first start
+    send_wake_tick(client, topics.ticks)  # what export-backlog --wake-topic leaves for the first start
     t0 = time.monotonic()
     proc = wc.start_localrun(config, broker_url, workdir)
     first = None

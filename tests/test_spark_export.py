@@ -24,6 +24,9 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.spark.export import export_backlog, part_files
+from pulsar_lifecycle.spark.progress import JobProgress
+from pulsar_lifecycle.spark.settings import writer_settings
+from pulsar_lifecycle.spark.verify import run_verify
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
 pytestmark = pytest.mark.integration
@@ -181,6 +184,11 @@ def test_a_seeded_store_is_released_exactly_once_on_time_without_replay(spark, b
     writer = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path)).start()
     client = quiet_client(broker.service_url)
     try:
+        # verify reads a running writer's store without disturbing it (one consistent manifest)
+        config, opts = writer_settings(str(config_path), None)
+        live = run_verify(spark, str(tmp_path / "snapshots"), config, opts=opts, allow_overlap=True,
+                          progress=JobProgress(None, "t", enabled=False))
+        assert live.ok, live.summary()
         got = drain(client, spec.output, "check", expect=len(sent) - 1, timeout=60)
         extra = drain(client, spec.output, "check", expect=1, timeout=2)  # nothing more may come
     finally:

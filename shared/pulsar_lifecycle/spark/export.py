@@ -26,7 +26,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from ..scheduler.wake import TICK_PROP
 from ..state.directory import atomic_write
 from .backlog import EXPORT_SCHEMA, external_rows, protocol_columns
 from .errors import SparkJobError
@@ -128,18 +127,6 @@ def _clean_temporaries(out_dir: Path) -> None:
     for tmp in out_dir.glob(f".{PART_PREFIX}*.tmp"):
         log.warning("event=export_drop_temporary file=%s", tmp)
         tmp.unlink(missing_ok=True)
-
-
-def leave_wake_tick(client: "pulsar.Client", tick_topic: str) -> None:
-    """Send one tick to the writer's tick topic. The writer does nothing until a message of an
-    input arrives (scheduler/wake.py); after seeding, its scheduling topic may stay idle, so the
-    first start needs this tick to recover the seeded store and release."""
-    producer = client.create_producer(tick_topic, batching_enabled=False)
-    try:
-        producer.send(b"tick", properties={TICK_PROP: str(int(time.time() * 1000))})
-    finally:
-        producer.close()
-    log.info("event=export_wake_tick_sent topic=%s", tick_topic)
 
 
 class ExportDir:

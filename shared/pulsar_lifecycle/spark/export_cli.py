@@ -47,7 +47,8 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
       pulsar-lifecycle export-backlog --from-jobs jobs.jsonl --dataset-id 1 --out backlog/
     """
     from .export import export_backlog as run_export
-    from .export import import_jobs, leave_wake_tick
+    from ..scheduler.wake import send_wake_tick
+    from .export import import_jobs
     from .store import exclusive
 
     try:
@@ -65,8 +66,8 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
                 try:
                     report = run_export(client, list(topics), subscription, Path(out_dir), batch_rows=batch_rows,
                                         idle_ms=idle_ms, max_messages=max_messages)
-                    if wake_topic:
-                        leave_wake_tick(client, wake_topic)
+                    if wake_topic:  # the writer's first start after a seed needs an input message
+                        send_wake_tick(client, wake_topic)
                 finally:
                     client.close()
     except SparkJobError as exc:
