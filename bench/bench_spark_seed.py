@@ -46,6 +46,7 @@ import _writer_common as wc  # noqa: E402 - bench helpers live next to this file
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshotStorage  # noqa: E402
 from pulsar_lifecycle.bucket.records import DelayedMessage  # noqa: E402
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP  # noqa: E402
+from pulsar_lifecycle.scheduler.wake import send_wake_tick  # noqa: E402
 from pulsar_lifecycle.spark.backlog import EXPORT_SCHEMA, as_properties, classify_row  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
 from pulsar_lifecycle.spark.seed import run_seed  # noqa: E402
@@ -56,8 +57,9 @@ from pulsar_lifecycle.spark.verify import run_verify  # noqa: E402
 HOUR_MS = 3_600_000
 
 
-def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, files: int) -> float:
-    """Write the export; returns seconds."""
+def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, files: int, batch: int = 0) -> float:
+    """Write the export (`batch` > 0: that many messages per entry, batch indexes 0..batch-1, as a
+    batching producer writes them; 0: unbatched, batch index -1); returns seconds."""
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     per_ledger = -(-rows // ledgers)
@@ -73,8 +75,11 @@ def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, f
         props = pa.MapArray.from_arrays(pa.array(np.arange(0, hi - lo + 1, dtype=np.int32)), keys,
                                         pa.array(at.astype(str), pa.string()))
         n = hi - lo
+        in_ledger = i % per_ledger
+        entry = in_ledger // batch if batch else in_ledger
+        batch_index = (in_ledger % batch).astype(np.int32) if batch else np.full(n, -1, np.int32)
         table = pa.Table.from_arrays([
-            pa.array(1000 + i // per_ledger), pa.array(i % per_ledger), pa.array(np.full(n, -1, np.int32)),
+            pa.array(1000 + i // per_ledger), pa.array(entry), pa.array(batch_index),
             pa.array(np.full(n, -1, np.int32)), pa.array(at),
             pa.array([b"job-%020d" % k for k in range(lo, hi)], pa.binary()),
             pa.nulls(n, pa.string()), props, pa.array(np.zeros(n, np.int64)), pa.nulls(n, pa.string()),
@@ -153,6 +158,7 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
     config.write_text(cfg_text)
     client = wc.quiet_client(broker_url)
     consumer = wc.output_consumer(client, topics.out)
+    send_wake_tick(client, topics.ticks)  # what export-backlog --wake-topic leaves for the first start
     t0 = time.monotonic()
     proc = wc.start_localrun(config, broker_url, workdir)
     first = None
@@ -189,6 +195,8 @@ def main() -> None:
     ap.add_argument("--spread-hours", type=float, default=24.0)
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--baseline-rows", type=int, default=2_000_000)
+    ap.add_argument("--batch", type=int, default=0, help="messages per entry (0 = unbatched)")
+    ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
@@ -204,7 +212,7 @@ def main() -> None:
     results: Dict[str, Any] = {"rows": args.rows, "ledgers": args.ledgers, "cores": os.cpu_count()}
     base = int(time.time() * 1000)
     results["generate_s"] = round(generate(work / "export", args.rows, args.ledgers,
-                                           int(args.spread_hours * HOUR_MS), base, args.files), 1)
+                                           int(args.spread_hours * HOUR_MS), base, args.files, args.batch), 1)
     print(f"generated {args.rows:,} rows in {results['generate_s']} s", flush=True)
     config, opts = writer_settings(str(wc.WRITER_CONFIG), None)
 
@@ -229,14 +237,15 @@ def main() -> None:
     print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
     spark.stop()
 
-    base_res = engine_baseline(work / "export", work / "engine", args.baseline_rows, config, opts,
-                               seed.planned_threshold)
-    results["engine_baseline"] = base_res
-    results["engine_vs_seed_bytes"] = same_bytes(work / "seeded", work / "engine")
-    results["ratio_seed_vs_engine"] = round(seed.rows_per_s / base_res["rows_per_s"], 2)
-    print(f"engine baseline: {base_res['rows']:,} rows in {base_res['seconds']} s = {base_res['rows_per_s']:,}/s; "
-          f"seed is {results['ratio_seed_vs_engine']}x; identical snapshots {results['engine_vs_seed_bytes']}",
-          flush=True)
+    if not args.skip_baseline:
+        base_res = engine_baseline(work / "export", work / "engine", args.baseline_rows, config, opts,
+                                   seed.planned_threshold)
+        results["engine_baseline"] = base_res
+        results["engine_vs_seed_bytes"] = same_bytes(work / "seeded", work / "engine")
+        results["ratio_seed_vs_engine"] = round(seed.rows_per_s / base_res["rows_per_s"], 2)
+        print(f"engine baseline: {base_res['rows']:,} rows in {base_res['seconds']} s = {base_res['rows_per_s']:,}/s; "
+              f"seed is {results['ratio_seed_vs_engine']}x; identical snapshots {results['engine_vs_seed_bytes']}",
+              flush=True)
 
     child = [sys.executable, __file__, "--recover-only"]
     results["engine_recovery"] = json.loads(subprocess.run(child + [str(work / "seeded")], check=True,

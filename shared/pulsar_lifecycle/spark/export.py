@@ -165,7 +165,8 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     t0 = time.monotonic()
     export = ExportDir(out_dir)
     report, seen = export.report, export.seen
-    consumer = client.subscribe(list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
+    # One topic: a plain consumer (a multi-topic consumer only when partitions are named).
+    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
                                 initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=min(max(1000, batch_rows), 50_000))
     log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
