@@ -15,9 +15,13 @@
    engine's cost per row does not depend on N: one bucket in memory at a time). The buckets the
    baseline completes are compared byte for byte with the seeded ones.
 4. verify: `run_verify` of the seeded store (indexes/s), then again `--against` the export.
-5. writer: the real BucketSnapshotWriter (localrun, its own process, embedded broker) started on
-   the seeded store: time from process start to the first release arriving on the output topic,
-   and its RSS 10 s after start minus the RSS of the same writer started on an empty store.
+5. writer: (a) the writer's engine in a fresh process: BucketIndex(store).recover() and the first
+   pop_due, timed from creating the index, RSS growth over the process after imports (as
+   bench_bucket_recovery measures); (b) the real BucketSnapshotWriter (localrun, its own process,
+   embedded broker) started on the seeded store: time from process start to the first release
+   on the output topic, and its RSS 10 s after start minus the same writer's on an empty store.
+Ledgers default to 50,000 entries (`--ledgers 200` for 10M: Pulsar's default rollover,
+managedLedgerMaxEntriesPerLedger), deliver-at over 24 h.
 Targets: seed >= 500,000 rows/s; first release within 2 s; RSS growth <= 64 MB.
 """
 from __future__ import annotations
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +46,7 @@ import _writer_common as wc  # noqa: E402 - bench helpers live next to this file
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshotStorage  # noqa: E402
 from pulsar_lifecycle.bucket.records import DelayedMessage  # noqa: E402
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP  # noqa: E402
+from pulsar_lifecycle.scheduler.wake import send_wake_tick  # noqa: E402
 from pulsar_lifecycle.spark.backlog import EXPORT_SCHEMA, as_properties, classify_row  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
 from pulsar_lifecycle.spark.seed import run_seed  # noqa: E402
@@ -51,8 +57,9 @@ from pulsar_lifecycle.spark.verify import run_verify  # noqa: E402
 HOUR_MS = 3_600_000
 
 
-def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, files: int) -> float:
-    """Write the export; returns seconds."""
+def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, files: int, batch: int = 0) -> float:
+    """Write the export (`batch` > 0: that many messages per entry, batch indexes 0..batch-1, as a
+    batching producer writes them; 0: unbatched, batch index -1); returns seconds."""
     t0 = time.monotonic()
     out.mkdir(parents=True, exist_ok=True)
     per_ledger = -(-rows // ledgers)
@@ -68,8 +75,11 @@ def generate(out: Path, rows: int, ledgers: int, spread_ms: int, base_ms: int, f
         props = pa.MapArray.from_arrays(pa.array(np.arange(0, hi - lo + 1, dtype=np.int32)), keys,
                                         pa.array(at.astype(str), pa.string()))
         n = hi - lo
+        in_ledger = i % per_ledger
+        entry = in_ledger // batch if batch else in_ledger
+        batch_index = (in_ledger % batch).astype(np.int32) if batch else np.full(n, -1, np.int32)
         table = pa.Table.from_arrays([
-            pa.array(1000 + i // per_ledger), pa.array(i % per_ledger), pa.array(np.full(n, -1, np.int32)),
+            pa.array(1000 + i // per_ledger), pa.array(entry), pa.array(batch_index),
             pa.array(np.full(n, -1, np.int32)), pa.array(at),
             pa.array([b"job-%020d" % k for k in range(lo, hi)], pa.binary()),
             pa.nulls(n, pa.string()), props, pa.array(np.zeros(n, np.int64)), pa.nulls(n, pa.string()),
@@ -148,6 +158,7 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
     config.write_text(cfg_text)
     client = wc.quiet_client(broker_url)
     consumer = wc.output_consumer(client, topics.out)
+    send_wake_tick(client, topics.ticks)  # what export-backlog --wake-topic leaves for the first start
     t0 = time.monotonic()
     proc = wc.start_localrun(config, broker_url, workdir)
     first = None
@@ -165,24 +176,43 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
     return {"first_release_s": round(first, 3) if first is not None else None, "rss_mb": round(rss / 1024, 1)}
 
 
+def recover_first_release(store: Path) -> Dict[str, Any]:
+    """Child process: recover the store and pop the first due item; time and RSS growth."""
+    before = rss_kb(os.getpid())
+    t0 = time.monotonic()
+    ix = BucketIndex(DirectorySnapshotStorage(store))
+    report = ix.recover()
+    first = ix.pop_due(int(time.time() * 1000), 1)
+    ms = (time.monotonic() - t0) * 1000
+    return {"first_release_ms": round(ms, 1), "released": len(first), "pending": report.pending,
+            "rss_growth_mb": round((rss_kb(os.getpid()) - before) / 1024, 1), "bytes_read": report.bytes_read}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--ledgers", type=int, default=10_000)
+    ap.add_argument("--ledgers", type=int, default=0, help="default: rows / 50,000")
     ap.add_argument("--spread-hours", type=float, default=24.0)
     ap.add_argument("--files", type=int, default=20)
     ap.add_argument("--baseline-rows", type=int, default=2_000_000)
+    ap.add_argument("--batch", type=int, default=0, help="messages per entry (0 = unbatched)")
+    ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
+    ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
+    if args.recover_only:
+        print(json.dumps(recover_first_release(Path(args.recover_only))))
+        return
+    args.ledgers = args.ledgers or max(1, args.rows // 50_000)
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     results: Dict[str, Any] = {"rows": args.rows, "ledgers": args.ledgers, "cores": os.cpu_count()}
     base = int(time.time() * 1000)
     results["generate_s"] = round(generate(work / "export", args.rows, args.ledgers,
-                                           int(args.spread_hours * HOUR_MS), base, args.files), 1)
+                                           int(args.spread_hours * HOUR_MS), base, args.files, args.batch), 1)
     print(f"generated {args.rows:,} rows in {results['generate_s']} s", flush=True)
     config, opts = writer_settings(str(wc.WRITER_CONFIG), None)
 
@@ -190,6 +220,7 @@ def main() -> None:
     spark.range(10).count()  # session warm, not counted
     with JobProgress(spark, "seed") as progress:
         seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+    results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
                        "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
@@ -206,15 +237,21 @@ def main() -> None:
     print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
     spark.stop()
 
-    base_res = engine_baseline(work / "export", work / "engine", args.baseline_rows, config, opts,
-                               seed.planned_threshold)
-    results["engine_baseline"] = base_res
-    results["engine_vs_seed_bytes"] = same_bytes(work / "seeded", work / "engine")
-    results["ratio_seed_vs_engine"] = round(seed.rows_per_s / base_res["rows_per_s"], 2)
-    print(f"engine baseline: {base_res['rows']:,} rows in {base_res['seconds']} s = {base_res['rows_per_s']:,}/s; "
-          f"seed is {results['ratio_seed_vs_engine']}x; identical snapshots {results['engine_vs_seed_bytes']}",
-          flush=True)
+    if not args.skip_baseline:
+        base_res = engine_baseline(work / "export", work / "engine", args.baseline_rows, config, opts,
+                                   seed.planned_threshold)
+        results["engine_baseline"] = base_res
+        results["engine_vs_seed_bytes"] = same_bytes(work / "seeded", work / "engine")
+        results["ratio_seed_vs_engine"] = round(seed.rows_per_s / base_res["rows_per_s"], 2)
+        print(f"engine baseline: {base_res['rows']:,} rows in {base_res['seconds']} s = {base_res['rows_per_s']:,}/s; "
+              f"seed is {results['ratio_seed_vs_engine']}x; identical snapshots {results['engine_vs_seed_bytes']}",
+              flush=True)
 
+    child = [sys.executable, __file__, "--recover-only"]
+    results["engine_recovery"] = json.loads(subprocess.run(child + [str(work / "seeded")], check=True,
+                                                           capture_output=True, text=True).stdout)
+    print(f"engine on the seeded store: first release {results['engine_recovery']['first_release_ms']} ms after "
+          f"creating the index, RSS growth {results['engine_recovery']['rss_growth_mb']} MB", flush=True)
     if not args.skip_writer:
         from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 

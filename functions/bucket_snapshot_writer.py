@@ -20,7 +20,7 @@ from pulsar_lifecycle.dedup.publisher import normalize_topic
 from pulsar_lifecycle.runtime.context_api import pulsar_client
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
-from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of, send_wake_tick, wake_after_failure
+from pulsar_lifecycle.scheduler.wake import WakeTickHolder, arm_wake, position_of
 
 
 class BucketSnapshotWriter:
@@ -40,15 +40,7 @@ class BucketSnapshotWriter:
             from pulsar_lifecycle.scheduler.factory import build_service
 
             service = build_service(context)
-            cfg = service.config
-            if cfg.tick_topic:
-                client = pulsar_client(context)
-                try:
-                    send_wake_tick(client, cfg.tick_topic)
-                except BaseException:
-                    service.stop()  # raised: this message is redelivered and the next call retries
-                    raise
-                service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
+            arm_wake(service, pulsar_client(context), service.config.tick_topic, service.config.tick_time_millis)
             self.service = service
         return self.service
 

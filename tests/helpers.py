@@ -53,3 +53,37 @@ def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List
             return
         todo = failed
     raise AssertionError(f"{len(todo)} inputs could not be published")
+
+
+def shipped_writer_spec(unique: str, prefix: str, **user):
+    """(FunctionSpec, scheduling topic) of the shipped BucketSnapshotWriter config with this
+    test's topics (direct intake, tick topic the only input, runner ticks every 200 ms) and `user` merged
+    into its userConfig. Without `snapshotDir` the index lives in the local runner's --data-dir."""
+    from pathlib import Path
+
+    from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+
+    cfg = load_function_config(Path(__file__).resolve().parents[1] / "function-configs" / "bucket-snapshot-writer.yaml")
+    sched = f"persistent://public/default/{prefix}sched-{unique}"
+    ticks = f"persistent://public/default/{prefix}ticks-{unique}"
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    cfg["output"] = f"persistent://public/default/{prefix}released-{unique}"
+    cfg["name"] = f"{prefix}writer-{unique}"
+    # tickMode runner: the local runner's ticks start it (the tick topic is the only input here).
+    user = {"tickMode": "runner", **user}
+    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched, **user)
+    return spec_from_config(cfg), sched
+
+
+def receive_payloads(consumer: pulsar.Consumer, want: int, timeout: float) -> List[str]:
+    """Payloads (decoded) from an open consumer, acked, until `want` or `timeout` seconds."""
+    got: List[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        try:
+            m = consumer.receive(timeout_millis=200)
+        except pulsar.Timeout:
+            continue
+        got.append(m.data().decode())
+        consumer.acknowledge(m)
+    return got

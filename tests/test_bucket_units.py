@@ -321,3 +321,13 @@ def test_delayed_message_validation_names_the_field():
         DelayedMessage(1, 2, -1, 5, b"", properties={"a": 1}).validate()
     with pytest.raises(ValueError, match="partition"):
         DelayedMessage(1, 2, -2, 5, b"").validate()
+
+
+def test_encodings_do_not_depend_on_map_insertion_order() -> None:
+    """The engine and the Spark seeder must write the same bytes for the same bucket: protobuf maps
+    (properties, per-ledger bitmaps) are serialized deterministically
+    (sorted keys), whatever order built them."""
+    props = {f"p{i}": str(i) for i in range(20)}
+    forward = DelayedMessage(7, 3, -1, 1_000, b"x", properties=dict(props))
+    backward = DelayedMessage(7, 3, -1, 1_000, b"x", properties=dict(reversed(list(props.items()))))
+    assert encode_item(forward, 1_000) == encode_item(backward, 1_000)

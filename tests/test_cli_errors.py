@@ -116,7 +116,7 @@ def _writer_config(tmp_path: Path, unique: str) -> Path:
     cfg["output"] = f"persistent://public/default/sout-{unique}"
     cfg["name"] = f"swriter-{unique}"
     cfg["userConfig"].update(schedulingTopic=f"persistent://public/default/ssched-{unique}", tickTopic=ticks,
-                             tickTimeMillis=200)
+                             tickTimeMillis=200, tickMode="runner")
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path

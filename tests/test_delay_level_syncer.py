@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
@@ -34,14 +35,14 @@ def names(unique: str) -> Dict[str, str]:
 
 
 def make_service(client: pulsar.Client, tmp_path: Path, topics: Dict[str, str], *, admin: Optional[AdminView] = None,
-                 metrics: Optional[Dict[str, float]] = None, **user: Any) -> DelayLevelSyncerService:
+                 metrics: Optional[Dict[str, float]] = None, instance: int = 0, **user: Any) -> DelayLevelSyncerService:
     cfg = parse_syncer_config({"delayLevelTopic": topics["business"] + "-delay-level", "schedulingTopic": topics["sched"],
                                "partitionBy": "SECONDS", "unitSeconds": UNIT_S, "messageMaximumDelayTimeSeconds": 20,
                                "lookaheadMillis": LOOKAHEAD_MS, "metricsIntervalSeconds": 1, **user})
     sink = metrics if metrics is not None else {}
     return DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="test-syncer",
                                    state=DirectoryStateStore(tmp_path / "state", "public", "default", "syncer"),
-                                   record_metric=sink.__setitem__, admin=admin).start()
+                                   record_metric=sink.__setitem__, admin=admin, instance=instance).start()
 
 
 def make_producer(client: pulsar.Client, topics: Dict[str, str], max_s: int = 20) -> DelayLevelProducer:
@@ -50,39 +51,53 @@ def make_producer(client: pulsar.Client, topics: Dict[str, str], max_s: int = 20
                               strategy=strategy)
 
 
-def test_parked_messages_forwarded_on_time_with_everything_kept(broker, tmp_path, unique):
-    topics = names(unique)
-    client = quiet_client(broker.service_url)
-    producer = make_producer(client, topics)
-    metrics: Dict[str, float] = {}
-    try:
-        start = now_ms()
-        near = producer.send(b"near", delay_ms=500)
-        later = producer.send(b"later", delay_ms=5000, properties={"app": "x"}, key="k1", event_timestamp=12345)
-        soon = producer.send(b"soon", delay_ms=3000)
-        cancelled = producer.send(b"cancelled", delay_ms=9000)
-        past = producer.send(b"past", deliver_at_ms=start - 10_000)
-        assert (near.partition, later.partition, soon.partition, cancelled.partition, past.partition) == (None, 1, 0, 3, None)
-        assert later.topic == partition_topic(topics["business"] + "-delay-level", 1)
-        with pytest.raises(DelayTooLongError, match="exceeds the maximum"):
-            producer.send(b"too-long", delay_ms=20_001)
-        producer.cancel(cancelled)
-        service = make_service(client, tmp_path, topics, metrics=metrics)
-        got: List[pulsar.Message] = []
-        arrived: Dict[bytes, int] = {}
+@dataclass
+class Env:
+    """One test's topics, client and producer; services it starts are stopped after it."""
 
-        def note(ms: List[pulsar.Message]) -> bool:
-            for m in ms[len(arrived):]:
-                arrived[m.data()] = now_ms()
-            return False
-        got = drain(client, topics["sched"], "check", expect=4, timeout=14, stop=note)
-        note(got)
-        # The cancelled one would be due at +7.5 s: wait past that, nothing more may come.
-        got += drain(client, topics["sched"], "check", expect=1, timeout=max(0.5, (start + 9000 - now_ms()) / 1000))
-        service_metrics = service.metrics()
+    topics: Dict[str, str]
+    client: pulsar.Client
+    producer: DelayLevelProducer
+    tmp_path: Path
+    services: List[DelayLevelSyncerService] = field(default_factory=list)
+
+    def start(self, **kw: Any) -> DelayLevelSyncerService:
+        service = make_service(self.client, self.tmp_path, self.topics, **kw)
+        self.services.append(service)
+        return service
+
+
+@pytest.fixture
+def env(broker, tmp_path, unique):
+    e = Env(names(unique), quiet_client(broker.service_url), None, tmp_path)  # type: ignore[arg-type]
+    e.producer = make_producer(e.client, e.topics)
+    yield e
+    for service in e.services:
         service.stop()
-    finally:
-        producer.close()
+    e.producer.close()
+    e.client.close()
+
+
+def test_parked_messages_forwarded_on_time_with_everything_kept(env):
+    topics, client, producer = env.topics, env.client, env.producer
+    metrics: Dict[str, float] = {}
+    start = now_ms()
+    near = producer.send(b"near", delay_ms=500)
+    later = producer.send(b"later", delay_ms=5000, properties={"app": "x"}, key="k1", event_timestamp=12345)
+    soon = producer.send(b"soon", delay_ms=3000)
+    cancelled = producer.send(b"cancelled", delay_ms=9000)
+    past = producer.send(b"past", deliver_at_ms=start - 10_000)
+    assert (near.partition, later.partition, soon.partition, cancelled.partition, past.partition) == (None, 1, 0, 3, None)
+    assert later.topic == partition_topic(topics["business"] + "-delay-level", 1)
+    with pytest.raises(DelayTooLongError, match="exceeds the maximum"):
+        producer.send(b"too-long", delay_ms=20_001)
+    producer.cancel(cancelled)
+    service = env.start(metrics=metrics)
+    got = drain(client, topics["sched"], "check", expect=4, timeout=14)
+    # The cancelled one would be due at +7.5 s: wait past that, nothing more may come.
+    got += drain(client, topics["sched"], "check", expect=1, timeout=max(0.5, (start + 9000 - now_ms()) / 1000))
+    service_metrics = service.metrics()
+    service.stop()
     by = {m.data(): m for m in got}
     assert sorted(by) == [b"later", b"near", b"past", b"soon"]  # cancelled one never forwarded
     assert service_metrics["pulsar_delay_level_cancelled_total"] == 1
@@ -103,66 +118,48 @@ def test_parked_messages_forwarded_on_time_with_everything_kept(broker, tmp_path
     assert m.publish_timestamp() >= deliver_at - 1000 - LOOKAHEAD_MS - 50
     assert by[b"soon"].publish_timestamp() >= int(by[b"soon"].properties()[DELIVER_AT_PROP]) - 1000 - LOOKAHEAD_MS
     # And it left the partition: a new consumer on the syncer's subscription finds nothing.
-    client2 = quiet_client(broker.service_url)
-    try:
-        left = drain(client2, later.topic, "syncer", expect=1, timeout=1.5)
-        assert left == []
-    finally:
-        client2.close()
-        client.close()
+    assert drain(client, later.topic, "syncer", expect=1, timeout=1.5) == []
 
 
-def test_restart_forwards_every_message_exactly_once(broker, tmp_path, unique):
-    topics = names(unique)
-    client = quiet_client(broker.service_url)
-    producer = make_producer(client, topics)
+def test_restart_forwards_every_message_exactly_once(env):
+    topics, client, producer = env.topics, env.client, env.producer
     n = 600
-    try:
-        for i in range(n):
-            producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=2000 + (i % 3) * 10)
-        producer.flush()
-        time.sleep(1.6)  # due now (2 s unit - 0.5 s lookahead)
-        for _ in range(3):  # stop mid-stream three times; the unacked rest is redelivered
-            service = make_service(client, tmp_path, topics, forwardBatchSize=50)
-            time.sleep(0.15)
-            service.stop()
-        service = make_service(client, tmp_path, topics, forwardBatchSize=50)
-        got = drain(client, topics["sched"], "count", expect=n, timeout=15)
-        got += drain(client, topics["sched"], "count", expect=1, timeout=1)  # no copies after the last
+    for i in range(n):
+        producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=2000 + (i % 3) * 10)
+    producer.flush()
+    time.sleep(1.6)  # due now (2 s unit - 0.5 s lookahead)
+    for _ in range(3):  # stop mid-stream three times; the unacked rest is redelivered
+        service = env.start(forwardBatchSize=50)
+        time.sleep(0.15)
         service.stop()
-    finally:
-        producer.close()
-        client.close()
+    service = env.start(forwardBatchSize=50)
+    got = drain(client, topics["sched"], "count", expect=n, timeout=15)
+    got += drain(client, topics["sched"], "count", expect=1, timeout=1)  # no copies after the last
+    service.stop()
     payloads = [m.data() for m in got]
     assert len(payloads) == n and len(set(payloads)) == n
 
 
-def test_missing_business_topic_dead_lettered_and_backpressure(broker, tmp_path, unique):
-    topics = names(unique)
-    client = quiet_client(broker.service_url)
-    producer = make_producer(client, topics)
+def test_missing_business_topic_dead_lettered_and_backpressure(env):
+    topics, client, producer = env.topics, env.client, env.producer
     with PulsarAdminServer() as admin_server:
         admin_server.policies["public/default"] = {"message_ttl_in_seconds": 5, "backlog_quota_map": {}}
         admin_server.backlogs[(topics["sched"], "writer")] = 50  # the writer lags
         other = topics["business"] + "-other"
         admin_server.topics.add(other)
-        try:
-            deleted = producer.send(b"to-deleted", delay_ms=2100)
-            DelayLevelProducer(client, other, producer.near_term, strategy=producer.strategy,
-                               delay_level_topic=producer.delay_level_topic).send(b"to-existing", delay_ms=2100)
-            service = make_service(client, tmp_path, topics, admin=AdminView.connect(admin_server.url, 60),
-                                   schedulingSubscription="writer", maxNearTermBacklog=10, backlogCheckIntervalMillis=100)
-            time.sleep(3)  # both due after 1.6 s; held back while the writer lags
-            held = drain(client, topics["sched"], "check", expect=1, timeout=0.5)
-            held += drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=0.5)
-            paused = service.metrics()
-            admin_server.backlogs[(topics["sched"], "writer")] = 3  # the writer caught up
-            dlq = drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=8)
-            released = drain(client, topics["sched"], "check", expect=1, timeout=8)
-            service.stop()
-        finally:
-            producer.close()
-            client.close()
+        deleted = producer.send(b"to-deleted", delay_ms=2100)
+        DelayLevelProducer(client, other, producer.near_term, strategy=producer.strategy,
+                           delay_level_topic=producer.delay_level_topic).send(b"to-existing", delay_ms=2100)
+        service = env.start(admin=AdminView.connect(admin_server.url, 60),
+                               schedulingSubscription="writer", maxNearTermBacklog=10, backlogCheckIntervalMillis=100)
+        time.sleep(3)  # both due after 1.6 s; held back while the writer lags
+        held = drain(client, topics["sched"], "check", expect=1, timeout=0.5)
+        held += drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=0.5)
+        paused = service.metrics()
+        admin_server.backlogs[(topics["sched"], "writer")] = 3  # the writer caught up
+        dlq = drain(client, producer.delay_level_topic + "-DLQ", "check", expect=1, timeout=8)
+        released = drain(client, topics["sched"], "check", expect=1, timeout=8)
+        service.stop()
     assert [m.data() for m in dlq] == [b"to-deleted"]
     assert "does not exist" in dlq[0].properties()[ERROR_PROP]
     assert dlq[0].properties()[ORIGIN_PARTITION_PROP] == deleted.topic
@@ -171,19 +168,43 @@ def test_missing_business_topic_dead_lettered_and_backpressure(broker, tmp_path,
     assert [m.data() for m in released] == [b"to-existing"]
 
 
-def test_shrink_refused_while_a_removed_partition_has_parked_messages(broker, tmp_path, unique):
-    topics = names(unique)
-    client = quiet_client(broker.service_url)
-    producer = make_producer(client, topics, max_s=20)
-    try:
-        make_service(client, tmp_path, topics).stop()  # 10 partitions remembered
-        far = producer.send(b"far", delay_ms=19_000)
-        assert far.partition == 8
-        with pytest.raises(ShrinkRefusedError, match="partition 8 still holds parked messages"):
-            make_service(client, tmp_path, topics, messageMaximumDelayTimeSeconds=10)
-        grown = make_service(client, tmp_path, topics, messageMaximumDelayTimeSeconds=40)  # growing is fine
-        assert len(grown.forwarders) == 20
-        grown.stop()
-    finally:
-        producer.close()
-        client.close()
+def test_shrink_refused_while_a_removed_partition_has_parked_messages(env):
+    producer = env.producer
+    env.start().stop()  # 10 partitions remembered
+    far = producer.send(b"far", delay_ms=19_000)
+    assert far.partition == 8
+    with pytest.raises(ShrinkRefusedError, match="partition 8 still holds parked messages"):
+        env.start(messageMaximumDelayTimeSeconds=10)
+    grown = env.start(messageMaximumDelayTimeSeconds=40)  # growing is fine
+    assert len(grown.forwarders) == 20
+    grown.stop()
+
+
+def test_broker_backend_forwards_to_the_business_topic_with_deliver_at(env):
+    # Real Pulsar delays it by deliver_at; pulsar-lite delivers at once, so this checks routing and content.
+    topics, client, producer = env.topics, env.client, env.producer
+    sent = producer.send(b"direct", delay_ms=2100, properties={"app": "y"})
+    service = env.start(nearTermBackend="broker")
+    got = drain(client, topics["business"], "check", expect=1, timeout=8)
+    service.stop()
+    assert [m.data() for m in got] == [b"direct"]
+    props = got[0].properties()
+    assert TARGET_PROP not in props and props["app"] == "y" and props[ORIGIN_PARTITION_PROP] == sent.topic
+    assert got[0].publish_timestamp() >= int(props[DELIVER_AT_PROP]) - 1000 - LOOKAHEAD_MS - 50
+
+
+def test_two_instances_split_the_partitions_and_each_applies_its_cancels(env):
+    topics, client, producer = env.topics, env.client, env.producer
+    a = producer.send(b"a", delay_ms=2100)
+    b = producer.send(b"b", delay_ms=4100)
+    gone = producer.send(b"gone", delay_ms=4200)
+    producer.cancel(gone)
+    assert (a.partition, b.partition, gone.partition) == (0, 1, 1)
+    first, second = env.start(instances=2), env.start(instances=2, instance=1)
+    assert ([f.k for f in first.forwarders][:3], [f.k for f in second.forwarders][:3]) == ([0, 2, 4], [1, 3, 5])
+    got = drain(client, topics["sched"], "check", expect=2, timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1.5)
+    assert sorted(m.data() for m in got) == [b"a", b"b"]
+    assert second.metrics()["pulsar_delay_level_cancelled_total"] == 1
+    with pytest.raises(ValueError, match="instance id 2 is outside userConfig instances=2"):
+        env.start(instances=2, instance=2)

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
-from pathlib import Path
+import urllib.request
 
+import pulsar
 import pytest
 
 from diskfull import SmallDisk
+from helpers import drain, receive_payloads, shipped_writer_spec, wait_for
 from pulsar_lifecycle import durable
 from pulsar_lifecycle.bucket import BucketIndex
 from pulsar_lifecycle.bucket.config import BucketConfig
@@ -16,9 +18,11 @@ from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket.storage import StorageError
 from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
 from pulsar_lifecycle.durable import DurableWriteError
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
+from pulsar_lifecycle.scheduler.service import PERSIST_FAILURES_METRIC
 from pulsar_lifecycle.state.directory import DirectoryStateStore
-
-ROOT = Path(__file__).resolve().parents[1]
+from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
 
 def _short_writes(monkeypatch, most: int) -> list:
@@ -148,38 +152,12 @@ def test_index_on_a_full_disk_loses_nothing_it_reported_durable(disk):
     assert refused == 1
 
 
-def _writer_spec(unique: str, snapshot_dir: Path):
-    from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
-
-    cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
-    sched = f"persistent://public/default/dsched-{unique}"
-    ticks = f"persistent://public/default/dticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
-    cfg["output"] = f"persistent://public/default/dreleased-{unique}"
-    cfg["name"] = f"dwriter-{unique}"
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(snapshot_dir), tickTimeMillis=200,
-                             schedulingTopic=sched, metricsIntervalSeconds=1,
-                             tickMode="runner")  # the local runner's ticks start it (tick topic only input)
-    return spec_from_config(cfg), sched
-
-
 @pytest.mark.integration
 def test_writer_on_a_full_disk_acks_nothing_and_loses_nothing(broker, tmp_path, unique, disk, caplog):
     """The issue's scenario in process: the snapshot directory's filesystem fills up while
     scheduling messages arrive; the writer logs and counts the failure, acks none of them, and
     releases every message exactly once after the space returns."""
-    import time
-    import urllib.request
-
-    import pulsar
-
-    from helpers import drain, wait_for
-    from pulsar_lifecycle.runtime.client import quiet_client
-    from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
-    from pulsar_lifecycle.scheduler.service import PERSIST_FAILURES_METRIC
-    from pulsar_lifecycle.timing import DelayedProducer, now_ms
-
-    spec, sched = _writer_spec(unique, disk.path / "snapshots")
+    spec, sched = shipped_writer_spec(unique, "d", snapshotDir=str(disk.path / "snapshots"), metricsIntervalSeconds=1)
     runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path / "data",
                                                metrics_port=0)).start()
     client = quiet_client(broker.service_url)
@@ -200,15 +178,7 @@ def test_writer_on_a_full_disk_acks_nothing_and_loses_nothing(broker, tmp_path, 
         assert wait_for(lambda: "event=scheduler_persist_failed" in caplog.text, timeout=30), caplog.text[-3000:]
         assert wait_for(lambda: f'metric="{PERSIST_FAILURES_METRIC}"' in metrics(), timeout=15)
         disk.release()
-        got = []
-        deadline = time.monotonic() + 60
-        while len(got) < 150 and time.monotonic() < deadline:
-            try:
-                m = counted.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                continue
-            got.append(m.data().decode())
-            counted.acknowledge(m)
+        got = receive_payloads(counted, 150, 60)
     finally:
         dp.close()
         client.close()

@@ -11,16 +11,19 @@ from typing import Dict, Optional
 import pulsar
 import pytest
 
+from helpers import receive_payloads, shipped_writer_spec
 from pulsar_lifecycle.bucket.proto.BucketIndexState_pb2 import ReleaseCursor
 from pulsar_lifecycle.bucket.storage import MemorySnapshotStorage
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.index_identity import (
     SEQ_BASE_SHIFT,
     STATE_KEY,
     IndexMismatchError,
     check_index_identity,
 )
+from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
-ROOT = Path(__file__).resolve().parents[1]
 NOW = 1_790_000_000_000
 
 
@@ -95,47 +98,18 @@ def test_an_index_from_before_ids_is_adopted():
 # -- through the local runner on the real embedded broker --------------------------------------
 
 def _spec(unique: str, **user):
-    from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
-
-    cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
-    sched = f"persistent://public/default/isched-{unique}"
-    ticks = f"persistent://public/default/iticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
-    cfg["output"] = f"persistent://public/default/ireleased-{unique}"
-    cfg["name"] = f"iwriter-{unique}"
     # No snapshotDir: the shipped default, inside --data-dir under the local runner.
-    # tickMode runner: the local runner's ticks start it (the tick topic is the only input here).
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched,
-                             tickMode="runner", **user)
-    return spec_from_config(cfg), sched
+    return shipped_writer_spec(unique, "i", **user)
 
 
 def _run(broker, data_dir: Path, spec):
-    from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
-
     return LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=data_dir)).start()
-
-
-def _receive(consumer, want: int, timeout: float) -> list:
-    got: list = []
-    deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
-        try:
-            m = consumer.receive(timeout_millis=200)
-        except pulsar.Timeout:
-            continue
-        got.append(m.data().decode())
-        consumer.acknowledge(m)
-    return got
 
 
 @pytest.mark.integration
 def test_restart_from_another_working_directory_releases_pending_and_new(broker, tmp_path, unique, monkeypatch):
     """The issue's case: same --data-dir, another working directory. The index lives in --data-dir
     now, so the 50 pending and the 50 new messages are all released, each once."""
-    from pulsar_lifecycle.runtime.client import quiet_client
-    from pulsar_lifecycle.timing import DelayedProducer, now_ms
-
     spec, sched = _spec(unique)
     data = tmp_path / "data"
     (tmp_path / "a").mkdir()
@@ -156,7 +130,7 @@ def test_restart_from_another_working_directory_releases_pending_and_new(broker,
         runner = _run(broker, data, spec)
         for i in range(50):
             dp.send(spec.output, f"new{i}".encode(), now_ms() + 500)
-        got = _receive(out, 100, 40)
+        got = receive_payloads(out, 100, 40)
         runner.stop()
     finally:
         dp.close()
@@ -169,9 +143,6 @@ def test_wiped_snapshot_dir_is_refused_then_replaced_explicitly(broker, tmp_path
     """Snapshot directory wiped while the function state survives: the writer refuses (nothing
     consumed, one error naming both places); with replaceIndexId it starts a new index whose
     releases are not dropped as duplicates."""
-    from pulsar_lifecycle.runtime.client import quiet_client
-    from pulsar_lifecycle.timing import DelayedProducer, now_ms
-
     spec, sched = _spec(unique)
     data = tmp_path / "data"
     client = quiet_client(broker.service_url)
@@ -182,7 +153,7 @@ def test_wiped_snapshot_dir_is_refused_then_replaced_explicitly(broker, tmp_path
         runner = _run(broker, data, spec)
         for i in range(20):
             dp.send(spec.output, f"first{i}".encode(), now_ms() + 200)
-        assert len(_receive(out, 20, 30)) == 20
+        assert len(receive_payloads(out, 20, 30)) == 20
         runner.stop()
         index_dir = next((data / "buckets").iterdir())
         old_id = (index_dir / "index-id").read_text()
@@ -193,14 +164,14 @@ def test_wiped_snapshot_dir_is_refused_then_replaced_explicitly(broker, tmp_path
         deadline = time.monotonic() + 20
         while "event=bucket_index_mismatch" not in caplog.text and time.monotonic() < deadline:
             time.sleep(0.1)
-        refused = _receive(out, 1, 2)
+        refused = receive_payloads(out, 1, 2)
         runner.stop()
         assert refused == []
         line = next(r.getMessage() for r in caplog.records if "event=bucket_index_mismatch" in r.getMessage())
         assert str(index_dir.resolve()) in line and str(data / "state") in line and old_id in line
         spec2, _ = _spec(unique, replaceIndexId=old_id)
         runner = _run(broker, data, spec2)
-        got = _receive(out, 20, 30)
+        got = receive_payloads(out, 20, 30)
         runner.stop()
     finally:
         dp.close()

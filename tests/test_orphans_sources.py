@@ -122,17 +122,22 @@ def test_admin_in_use_walks_every_topic_rate_limited(admin_server):  # noqa: F81
         AdminInUse([admin_server.url], RateLimiter(0)).collect()
 
 
+BUCKET_ORPHANS = "orphans-s3-listing"
+
+
 def test_s3_listing(s3_server):  # noqa: F811
     client = s3_client(s3_server)
-    client.create_bucket(Bucket="offload")
+    # A bucket of its own: the moto server is shared by the session and the deletion tests fill
+    # "offload" with ledgers of their own.
+    client.create_bucket(Bucket=BUCKET_ORPHANS)
     u1, u2, u3 = (str(uuidlib.uuid4()) for _ in range(3))
-    client.put_object(Bucket="offload", Key=f"{u1}-ledger-5", Body=b"d", Metadata={"ManagedLedgerName": "t/n/persistent/x"})
-    client.put_object(Bucket="offload", Key=f"{u1}-ledger-5-index", Body=b"i", Metadata={"ManagedLedgerName": "t/n/persistent/x"})
-    client.put_object(Bucket="offload", Key=f"{u2}-ledger-6-index", Body=b"i", Metadata={"ManagedLedgerName": "t/n/persistent/y"})
-    client.put_object(Bucket="offload", Key=f"{u3}-ledger-7", Body=b"d")  # written before owner metadata existed
-    client.put_object(Bucket="offload", Key="unrelated.txt", Body=b"x")
+    client.put_object(Bucket=BUCKET_ORPHANS, Key=f"{u1}-ledger-5", Body=b"d", Metadata={"ManagedLedgerName": "t/n/persistent/x"})
+    client.put_object(Bucket=BUCKET_ORPHANS, Key=f"{u1}-ledger-5-index", Body=b"i", Metadata={"ManagedLedgerName": "t/n/persistent/x"})
+    client.put_object(Bucket=BUCKET_ORPHANS, Key=f"{u2}-ledger-6-index", Body=b"i", Metadata={"ManagedLedgerName": "t/n/persistent/y"})
+    client.put_object(Bucket=BUCKET_ORPHANS, Key=f"{u3}-ledger-7", Body=b"d")  # written before owner metadata existed
+    client.put_object(Bucket=BUCKET_ORPHANS, Key="unrelated.txt", Body=b"x")
     clock = FakeClock()
-    got = {x.ledger_id: x for x in S3OffloadListing(client, "offload", RateLimiter(100, clock=clock, sleep=clock.sleep)).list()}
+    got = {x.ledger_id: x for x in S3OffloadListing(client, BUCKET_ORPHANS, RateLimiter(100, clock=clock, sleep=clock.sleep)).list()}
     assert set(got) == {5, 6, 7}
     assert (got[5].component, got[5].owner, got[5].detail, got[5].location) == \
         ("offloaded-ledger", "t/n/persistent/x", u1, f"{u1}-ledger-5")

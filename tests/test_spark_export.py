@@ -24,6 +24,9 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.spark.export import export_backlog, part_files
+from pulsar_lifecycle.spark.progress import JobProgress
+from pulsar_lifecycle.spark.settings import writer_settings
+from pulsar_lifecycle.spark.verify import run_verify
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
 pytestmark = pytest.mark.integration
@@ -121,13 +124,17 @@ def test_export_crash_between_file_and_ack_duplicates_nothing(broker, tmp_path: 
 
 
 def _writer_config(tmp_path: Path, unique: str) -> Tuple[Path, dict]:
+    """The shipped writer config (its wake rules: nothing starts it but an input message) with
+    this test's topics and small buckets."""
     cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
     ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    sched = f"persistent://public/default/sched-{unique}"
+    specs = list(cfg["inputSpecs"].values())
+    cfg["inputSpecs"] = {ticks: specs[0], sched: specs[1]}
     cfg["output"] = f"persistent://public/default/released-{unique}"
     cfg["name"] = f"writer-{unique}"
     cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
-                             tickTimeMillis=200, schedulingTopic=f"persistent://public/default/sched-{unique}",
+                             schedulingTopic=sched,
                              delayedDeliveryMinIndexCountPerBucket=40,
                              delayedDeliveryMaxTimeStepPerBucketSnapshotSegmentSeconds=2,
                              delayedDeliveryMaxIndexesPerBucketSnapshotSegment=30)
@@ -158,7 +165,7 @@ def test_a_seeded_store_is_released_exactly_once_on_time_without_replay(spark, b
     runner = CliRunner()
     res = runner.invoke(main, ["export-backlog", "--service-url", broker.service_url, "--topic", sched,
                                "--subscription", fqfn, "--out", str(tmp_path / "backlog"), "--idle-ms", "1500",
-                               "--store", str(tmp_path / "snapshots")])
+                               "--store", str(tmp_path / "snapshots"), "--wake-topic", cfg["userConfig"]["tickTopic"]])
     assert res.exit_code == 0, res.output
     res = runner.invoke(main, ["spark", "seed", str(tmp_path / "backlog"), "--store", str(tmp_path / "snapshots"),
                                "--function-config-file", str(config_path), "--quiet"])
@@ -177,6 +184,11 @@ def test_a_seeded_store_is_released_exactly_once_on_time_without_replay(spark, b
     writer = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path)).start()
     client = quiet_client(broker.service_url)
     try:
+        # verify reads a running writer's store without disturbing it (one consistent manifest)
+        config, opts = writer_settings(str(config_path), None)
+        live = run_verify(spark, str(tmp_path / "snapshots"), config, opts=opts, allow_overlap=True,
+                          progress=JobProgress(None, "t", enabled=False))
+        assert live.ok, live.summary()
         got = drain(client, spec.output, "check", expect=len(sent) - 1, timeout=60)
         extra = drain(client, spec.output, "check", expect=1, timeout=2)  # nothing more may come
     finally:

@@ -156,3 +156,26 @@ def test_exported_lists(spark, tmp_path):
                                     str(tmp_path / "part"), "--in-use", str(tmp_path / "in_use.csv"),
                                     "--state-dir", str(tmp_path / "s")])
     assert res.exit_code != 0 and "_SUCCESS" in res.output
+
+
+def test_snapshot_store_against_its_manifest(spark, tmp_path):
+    import os
+
+    from pulsar_lifecycle.bucket.codec import Manifest
+    from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+    from pulsar_lifecycle.spark.orphans_sources import SnapshotManifestInUse, SnapshotStoreListing
+
+    root = tmp_path / "snap"
+    store = DirectorySnapshotStorage(root)
+    topic = "persistent://public/default/sched"
+    ids = [store.create_snapshot(b"m", [b"s"], f"#pulsar.internal.delayed.bucket_{i}_{i}", topic, "c") for i in (1, 2, 3)]
+    man = Manifest(format_version=1, max_bucket_id=ids[1])  # bucket 3 was written after this manifest
+    man.buckets.add(bucket_id=ids[0], bucket_key="#pulsar.internal.delayed.bucket_1_1", start_ledger_id=1, end_ledger_id=1)
+    store.put_manifest(man.SerializeToString())
+    three_days_ago = old_ms() / 1000
+    for bid in ids:
+        os.utime(root / "snapshots" / f"{bid:020d}.snap", (three_days_ago, three_days_ago))
+    cfg = AuditConfig(listings=[SnapshotStoreListing(str(root))], in_use=[SnapshotManifestInUse(str(root))])
+    report = run_audit(spark, cfg, ScanStateDir(tmp_path / "state"))
+    assert orphan_ids(report) == [ids[1]] and report.sample[0]["component"] == "bucket-snapshot"
+    assert report.counts["IN_USE"] == 1 and report.counts["NEWER_THAN_METADATA"] == 1

@@ -139,3 +139,27 @@ def test_seed_names_missing_columns(spark, tmp_path: Path) -> None:
     with pytest.raises(SparkJobError, match="lacks columns"):
         run_seed(spark, [str(path)], str(tmp_path / "s"), CONFIG, OPTS, progress=JobProgress(None, "t", enabled=False))
     assert DELIVER_AT_PROP  # the protocol name the rows carry
+
+
+@pytest.mark.spark
+def test_avro_backlog_seeds_the_same_bytes_as_parquet(spark, tmp_path: Path) -> None:
+    import fastavro
+
+    rows = backlog_rows({7: 30, 8: 25}, BASE, 5 * 60_000, seed=9)
+    schema = {"type": "record", "name": "Row", "fields": [
+        {"name": "ledger_id", "type": "long"}, {"name": "entry_id", "type": "long"},
+        {"name": "batch_index", "type": "int"}, {"name": "partition", "type": "int"},
+        {"name": "deliver_at", "type": ["null", "long"]}, {"name": "payload", "type": "bytes"},
+        {"name": "key", "type": ["null", "string"]}, {"name": "properties", "type": {"type": "map", "values": "string"}},
+        {"name": "event_time", "type": "long"}, {"name": "target", "type": ["null", "string"]},
+        {"name": "publish_time", "type": "long"}, {"name": "topic", "type": "string"}]}
+    (tmp_path / "avro").mkdir()
+    with open(tmp_path / "avro" / "part-0.avro", "wb") as fh:
+        fastavro.writer(fh, schema, [dict(r, properties=dict(r["properties"])) for r in rows], codec="deflate")
+    quiet = JobProgress(None, "t", enabled=False)
+    run_seed(spark, [str(tmp_path / "avro")], str(tmp_path / "a"), CONFIG, OPTS, fmt="avro", progress=quiet)
+    run_seed(spark, write_backlog(tmp_path / "pq", rows), str(tmp_path / "p"), CONFIG, OPTS, progress=quiet)
+    a, p = DirectorySnapshotStorage(tmp_path / "a"), DirectorySnapshotStorage(tmp_path / "p")
+    assert a.list_snapshots() == p.list_snapshots() == [1]
+    assert (tmp_path / "a" / "snapshots" / f"{1:020d}.snap").read_bytes() == \
+        (tmp_path / "p" / "snapshots" / f"{1:020d}.snap").read_bytes()

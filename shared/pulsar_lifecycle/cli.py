@@ -46,6 +46,13 @@ def one_line_error(exc: BaseException) -> str:
 def main(log_level: str) -> None:
     """Pulsar Functions for ledger lifecycle: two-phase deletion, delayed delivery, de-duplication."""
     setup_logging(log_level)
+    # SIGTERM unwinds like Ctrl-C, so every command's finally blocks close producers, consumers
+    # and the client in order (localrun installs its own handler for a graceful stop).
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:

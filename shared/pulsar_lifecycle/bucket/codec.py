@@ -79,7 +79,7 @@ def encode_item(message: DelayedMessage, ts: int) -> bytes:
         idx.event_time = message.event_time
     if message.target is not None:
         idx.target = message.target
-    return idx.SerializeToString()
+    return idx.SerializeToString(deterministic=True)
 
 
 def index_id_of(idx: "segment_pb2.DelayedIndex") -> int:
@@ -107,7 +107,7 @@ def upgrade_index(idx: "segment_pb2.DelayedIndex") -> bool:
 def upgrade_blob(blob: bytes) -> bytes:
     """A serialized DelayedIndex in layout 2 (the same bytes when it already is)."""
     idx = parse(DelayedIndex, blob, "DelayedIndex")
-    return idx.SerializeToString() if upgrade_index(idx) else bytes(blob)
+    return idx.SerializeToString(deterministic=True) if upgrade_index(idx) else bytes(blob)
 
 
 def index_to_message(idx: "segment_pb2.DelayedIndex") -> DelayedMessage:
@@ -188,7 +188,7 @@ def segment_items(segment: "segment_pb2.SnapshotSegment") -> List[Item]:
 def index_item(idx: "segment_pb2.DelayedIndex") -> Item:
     """A decoded layout-2 DelayedIndex as an engine item."""
     return (idx.timestamp, idx.ledger_id, (idx.entry_id << BATCH_BITS) | idx.batch_index,
-            frame(idx.SerializeToString()))
+            frame(idx.SerializeToString(deterministic=True)))
 
 
 def join_blobs(blobs: Iterable[bytes]) -> bytes:

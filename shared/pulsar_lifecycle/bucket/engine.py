@@ -74,7 +74,7 @@ from .records import (
     ReleaseKey,
 )
 from .sealing import pulsar_seal_due
-from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata
+from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata_bytes
 from .storage import BucketSnapshotStorage, StorageError
 
 logger = logging.getLogger(__name__)
@@ -629,7 +629,7 @@ class BucketIndex:
             start = min(it[1] for it in items)
             end = max(it[1] for it in items)
             key = bucket_key(start, end)
-            bid = self._write_snapshot(key, segments, snapshot_metadata(segments).SerializeToString(), "create")
+            bid = self._write_snapshot(key, segments, snapshot_metadata_bytes(segments), "create")
             if bid is None:
                 return False
             bucket = self._new_bucket(bid, key, start, end, segments)
@@ -892,7 +892,7 @@ class BucketIndex:
                 keep(seg)
             if not closed:
                 raise StorageError("no item after the watermark to merge")
-            bid = writer.finish(snapshot_metadata(closed).SerializeToString())
+            bid = writer.finish(snapshot_metadata_bytes(closed))
         except Exception as exc:
             logger.warning("merging buckets %s failed: %s", [s.bucket_id for s in sources], exc)
             self._abort_writer(writer, key)

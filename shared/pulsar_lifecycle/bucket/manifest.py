@@ -40,4 +40,4 @@ def manifest_from_maps(refs: Sequence["BucketRef"], *, seen: Mapping[int, bytes]
         man.seen[ledger] = data
     for ledger, data in tombstones.items():
         man.tombstones[ledger] = data
-    return man.SerializeToString()
+    return man.SerializeToString(deterministic=True)

@@ -23,6 +23,17 @@ def pulsar_seal_due(ledger: int, mutable_end: int, mutable_count: int, min_index
     return not covered
 
 
+def seal_threshold(total: int, min_index_count: int, max_num_buckets: int) -> int:
+    """The index count at which plan_ledger_buckets seals: Pulsar's minimum, raised so that
+    `total` indexes make at most `max_num_buckets` buckets (-1 = no limit)."""
+    if max_num_buckets == 1:
+        return total + 1  # one bucket: never seal before the end
+    if max_num_buckets > 1:
+        # k sealed buckets hold >= threshold each, plus one final partial: k + 1 <= max_num_buckets.
+        return max(min_index_count, -(-total // (max_num_buckets - 1)))
+    return min_index_count
+
+
 def plan_ledger_buckets(ledger_counts: Iterable[Tuple[int, int]], min_index_count: int,
                         max_num_buckets: int) -> List[Tuple[int, int, int]]:
     """Group ledgers (id, index count) into buckets over whole-ledger ranges: (start, end, count).
@@ -39,13 +50,7 @@ def plan_ledger_buckets(ledger_counts: Iterable[Tuple[int, int]], min_index_coun
             raise ValueError(f"ledger {ordered[i][0]} listed twice")
     if max_num_buckets != -1 and max_num_buckets < 1:
         raise ValueError(f"max_num_buckets must be >= 1 or -1, got {max_num_buckets}")
-    total = sum(c for _, c in ordered)
-    threshold = min_index_count
-    if max_num_buckets == 1:
-        threshold = total + 1  # one bucket: never seal before the end
-    elif max_num_buckets > 1:
-        # k sealed buckets hold >= threshold each, plus one final partial: k + 1 <= max_num_buckets.
-        threshold = max(threshold, -(-total // (max_num_buckets - 1)))
+    threshold = seal_threshold(sum(c for _, c in ordered), min_index_count, max_num_buckets)
     out: List[Tuple[int, int, int]] = []
     start = end = -1
     count = 0

@@ -128,3 +128,10 @@ def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> 
 def snapshot_metadata(segments: Iterable[CutSegment]) -> "SnapshotMetadata":
     """Entry 0 of a snapshot with these segments."""
     return SnapshotMetadata(metadata_list=[s.metadata for s in segments])
+
+
+def snapshot_metadata_bytes(segments: Iterable[CutSegment]) -> bytes:
+    """Entry 0 serialized. Deterministic: protobuf leaves the order of map entries (the per-ledger
+    bitmaps) unspecified and it varies between processes, so the engine and the Spark seeder
+    would otherwise write different bytes for the same bucket."""
+    return snapshot_metadata(segments).SerializeToString(deterministic=True)

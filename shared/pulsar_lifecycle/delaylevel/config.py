@@ -23,6 +23,7 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "schedulingSubscription": ("scheduling_subscription", "", "The writer's subscription on `schedulingTopic`, whose backlog is the writer's lag (back-pressure, needs `pulsarAdminUrl`)."),
     "subscription": ("subscription", "", "The syncer's Shared subscription on every partition; default `<tenant>/<namespace>/<name>`."),
     "producerName": ("producer_name", "", "Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition); default `<tenant>/<namespace>/<name>-<instance>`."),
+    "instances": ("instances", 1, "Set to the function's `parallelism`: instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing)."),
     "forwardBatchSize": ("forward_batch_size", 500, "Due messages of one partition forwarded together before their acks."),
     "receiverQueueSize": ("receiver_queue_size", 200, "Receiver queue per partition consumer: the only parked messages held in memory (O(1) in the backlog)."),
     "onMissingTarget": ("on_missing_target", "dead-letter", "A parked message whose business topic no longer exists (admin API): `dead-letter` to `<delay-level topic>-DLQ` with the reason, or `forward` anyway."),
@@ -30,9 +31,9 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "targetCacheSeconds": ("target_cache_seconds", 600, "How long a namespace's topic list from the admin API is cached."),
     "maxNearTermBacklog": ("max_near_term_backlog", 100000, "Back-pressure: forwarding pauses while the writer's subscription backlog is above this (needs `pulsarAdminUrl` and `schedulingSubscription`); 0 = off."),
     "backlogCheckIntervalMillis": ("backlog_check_interval_millis", 1000, "How often the writer's backlog is read while forwarding."),
-    "tickTopic": ("tick_topic", "", "Input topic whose ticks start the syncer and restart it after a failure."),
-    "tickMode": ("tick_mode", "runner", "`runner`: the local runner produces ticks; `chain`: each tick schedules the next with deliver_after (real Pulsar)."),
-    "tickTimeMillis": ("tick_time_millis", 1000, "Tick period."),
+    "tickTopic": ("tick_topic", "", "The function's input: a tick starts the syncer; it sends one wake tick per start and keeps one unacked, so a restart is woken by its redelivery (as the writer, scheduler/wake.py). A fresh deployment needs one first tick (the local runner's in `runner` mode, or one sent by the operator)."),
+    "tickMode": ("tick_mode", "hold", "`hold`: only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked); `chain`: the writer's retired name, same as `hold`."),
+    "tickTimeMillis": ("tick_time_millis", 1000, "Runner tick period, and the delay of the wake tick a failed syncer sends to be rebuilt."),
     "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delay_level_* metrics are recorded."),
 }
 
@@ -52,6 +53,7 @@ class SyncerConfig:
     scheduling_subscription: str = ""
     subscription: str = ""
     producer_name: str = ""
+    instances: int = 1
     forward_batch_size: int = 500
     receiver_queue_size: int = 200
     on_missing_target: str = "dead-letter"
@@ -60,7 +62,7 @@ class SyncerConfig:
     max_near_term_backlog: int = 100000
     backlog_check_interval_millis: int = 1000
     tick_topic: str = ""
-    tick_mode: str = "runner"
+    tick_mode: str = "hold"
     tick_time_millis: int = 1000
     metrics_interval_seconds: int = 10
 
@@ -76,11 +78,11 @@ class SyncerConfig:
             object.__setattr__(self, "scheduling_topic", normalize_topic(self.scheduling_topic))
         if self.on_missing_target not in ("dead-letter", "forward"):
             raise ConfigError(f"userConfig onMissingTarget must be 'dead-letter' or 'forward', got {self.on_missing_target!r}")
-        if self.tick_mode not in ("runner", "chain"):
-            raise ConfigError(f"userConfig tickMode must be 'runner' or 'chain', got {self.tick_mode!r}")
+        if self.tick_mode not in ("hold", "runner", "chain"):
+            raise ConfigError(f"userConfig tickMode must be 'hold', 'runner' or 'chain', got {self.tick_mode!r}")
         if self.pulsar_admin_url and not self.pulsar_admin_url.startswith(("http://", "https://")):
             raise ConfigError(f"userConfig pulsarAdminUrl must start with http:// or https://, got {self.pulsar_admin_url!r}")
-        for attr in ("forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
+        for attr in ("instances", "forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
                      "target_cache_seconds", "backlog_check_interval_millis"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"userConfig {_key_of(attr)} must be > 0, got {getattr(self, attr)!r}")

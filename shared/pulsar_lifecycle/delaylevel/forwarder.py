@@ -15,22 +15,35 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..bucket_protocol import TARGET_PROP
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
 from ..scheduler.positions import format_message_ref
 from .errors import ParkedMessageError
-from .rule import BASE_PROP, LEVEL_PROP, ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, forward_at, parse_parked, sequence_id
+from .rule import (
+    BASE_PROP,
+    LEVEL_PROP,
+    ORIGIN_MSG_ID_PROP,
+    ORIGIN_PARTITION_PROP,
+    Parked,
+    forward_at,
+    parse_parked,
+    sequence_id,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder"]
 
 ERROR_PROP = "__pl_error__"  # the reason on a dead-lettered message (as the writer's -INVALID topic)
+# Internal properties a forward does not carry: the dedup publisher adds its own; base and level
+# only served the forward time.
+_NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
@@ -63,6 +76,17 @@ class ForwarderStats:
 
 
 @dataclass
+class _Held:
+    """A received, not yet acked parked message with its properties and forward time."""
+
+    msg: pulsar.Message
+    props: Dict[str, str]
+    due: int
+    parked: Optional[Parked]  # None: malformed (`error` says why), dead-lettered
+    error: str = ""
+
+
+@dataclass
 class _Pending:
     """A cancel waiting for its target; `ack` acknowledges the cancel request."""
 
@@ -82,7 +106,7 @@ class PartitionForwarder:
         self.stop = stop
         self.stats = ForwarderStats()
         self.failure: Optional[BaseException] = None
-        self._head: Optional[pulsar.Message] = None
+        self._held: Deque[_Held] = deque()
         self._lock = threading.Lock()
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
         self._cancels: Dict[int, _Pending] = {}
@@ -129,37 +153,46 @@ class PartitionForwarder:
         except pulsar.Timeout:
             return None
 
-    def _due_at(self, msg: pulsar.Message) -> int:
-        """The forward time of `msg`; a malformed parked message is due now (it is dead-lettered)."""
+    def _hold(self, msg: pulsar.Message) -> None:
+        """Read a message's properties once and compute its forward time; a malformed parked
+        message is due now (it is dead-lettered)."""
+        props = msg.properties()
         try:
-            p = parse_parked(msg.properties(), self.k)
-        except ParkedMessageError:
-            return 0
-        return forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
+            p = parse_parked(props, self.k)
+        except ParkedMessageError as exc:
+            self._held.append(_Held(msg, props, 0, None, str(exc)))
+            return
+        due = forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
+        self._held.append(_Held(msg, props, due, p))
 
     def _step(self) -> None:
-        head = self._head or self._receive(IDLE_WAIT_MS)
-        self._head = head
-        if head is None:
-            self.stats.next_forward_at = 0
-            return
-        due = self._due_at(head)
+        if not self._held:
+            msg = self._receive(IDLE_WAIT_MS)
+            if msg is None:
+                self.stats.next_forward_at = 0
+                return
+            self._hold(msg)
+        due = self._held[0].due
         self.stats.next_forward_at = due
         wait_ms = due - self.policy.clock()
         if wait_ms > 0:
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
-        batch = [head]
-        self._head = None
+        # The head is due: take it and the following due messages, up to a batch. Messages
+        # received but not due stay held (at most one batch_receive's worth).
+        batch: List[_Held] = []
+        now = self.policy.clock()
         while len(batch) < self.policy.batch_size:
-            nxt = self._receive(1)
-            if nxt is None:
+            if not self._held:
+                more = self.consumer.batch_receive()
+                if not more:
+                    break
+                for m in more:
+                    self._hold(m)
+            if self._held[0].due > now:
                 break
-            if self._due_at(nxt) > self.policy.clock():
-                self._head = nxt  # not due yet: it is the next head
-                break
-            batch.append(nxt)
+            batch.append(self._held.popleft())
         self.policy.wait_for_room(self.stop)
         if self.stop.is_set():
             return  # unacked: redelivered to the next consumer
@@ -168,13 +201,14 @@ class PartitionForwarder:
 
     # -- one batch -------------------------------------------------------------------------
 
-    def _forward(self, batch: List[pulsar.Message]) -> None:
+    def _forward(self, batch: List[_Held]) -> None:
         groups: List[Tuple[str, List[OutMessage]]] = []
         dropped: List[Tuple[pulsar.Message, _Pending]] = []
         kinds: List[str] = []
         not_found: List[_Pending] = []
         with self._lock:
-            for msg in batch:
+            for held in batch:
+                msg = held.msg
                 mid = msg.message_id()
                 seq = sequence_id(mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 cancel = self._cancels.pop(seq, None)
@@ -186,7 +220,7 @@ class PartitionForwarder:
                 if cancel is not None:
                     dropped.append((msg, cancel))
                     continue
-                topic, out, kind = self._out_message(msg, seq)
+                topic, out, kind = self._out_message(held, seq)
                 kinds.append(kind)
                 if groups and groups[-1][0] == topic:
                     groups[-1][1].append(out)
@@ -202,9 +236,10 @@ class PartitionForwarder:
             cancel.ack()
             self.stats.cancelled += 1
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
-        for msg in batch:
-            if not any(msg is d for d, _ in dropped):
-                self.consumer.acknowledge(msg)
+        dropped_ids = {id(d) for d, _ in dropped}
+        for held in batch:
+            if id(held.msg) not in dropped_ids:
+                self.consumer.acknowledge(held.msg)
         for pending in not_found:
             pending.ack()
         for kind, outcome in zip(kinds, outcomes):
@@ -215,33 +250,30 @@ class PartitionForwarder:
             else:
                 self.stats.forwarded += 1
 
-    def _out_message(self, msg: pulsar.Message, seq: int) -> Tuple[str, OutMessage, str]:
+    def _out_message(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
         """(topic, message, "forward" | "dead-letter") for one due parked message."""
-        props = {k: v for k, v in msg.properties().items() if k not in RESERVED_PROPERTIES}
+        msg, parked = held.msg, held.parked
+        props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = _ref(msg)
         key = msg.partition_key() or None
         event_time = msg.event_timestamp() or None
-        reason = None
-        deliver_at: Optional[int] = None
-        try:
-            parked = parse_parked(props, self.k)
-            deliver_at = parked.deliver_at
-            if self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
-                reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
-        except ParkedMessageError as exc:
-            reason = f"malformed parked message: {exc}"
-        if reason is not None:
+        if parked is None:
+            reason = f"malformed parked message: {held.error}"
+        elif self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
+            reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
+        else:
+            reason = ""
+        if reason:
+            props.update({k: v for k, v in held.props.items() if k in (BASE_PROP, LEVEL_PROP)})  # kept for diagnosis
             props[ERROR_PROP] = reason
             log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, _ref(msg), reason)
             return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"
-        for internal in (BASE_PROP, LEVEL_PROP):
-            props.pop(internal, None)
+        assert parked is not None
         if self.policy.near_term_topic is not None:
             return self.policy.near_term_topic, OutMessage(msg.data(), seq, props, key, event_time), "forward"
-        target = props.pop(TARGET_PROP)
-        assert deliver_at is not None and DELIVER_AT_PROP in props
-        return target, OutMessage(msg.data(), seq, props, key, event_time, deliver_at=deliver_at), "forward"
+        del props[TARGET_PROP]
+        return parked.target, OutMessage(msg.data(), seq, props, key, event_time, deliver_at=parked.deliver_at), "forward"
 
     def resolve_passed_cancels(self) -> None:
         """Ack cancels whose target position the partition has already passed (not found)."""

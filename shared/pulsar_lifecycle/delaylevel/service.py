@@ -17,7 +17,7 @@ from ..dedup.publisher import DedupPublisher
 from ..state.base import StateStore
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
-from .errors import ParkedMessageError, ShrinkRefusedError
+from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
 from .forwarder import ForwardPolicy, PartitionForwarder
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
 
@@ -104,7 +104,7 @@ class DelayLevelSyncerService:
 
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
-                 admin: Optional[AdminView] = None, clock: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 admin: Optional[AdminView] = None, instance: int = 0, clock: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
         self.cfg = cfg
         self.client = client
         self.subscription = subscription
@@ -114,6 +114,13 @@ class DelayLevelSyncerService:
         self.admin = admin
         self.clock = clock
         self.strategy = cfg.strategy
+        self.instance = instance
+        if not 0 <= instance < cfg.instances:
+            raise ConfigError(f"instance id {instance} is outside userConfig instances={cfg.instances}: set `instances` "
+                              "to the function's parallelism")
+        # Instance i forwards partitions k with k % instances == i: one consumer per partition keeps
+        # a partition's sequence ids increasing (two consumers would interleave and lose dedup).
+        self.owned = [k for k in range(self.strategy.partitions) if k % cfg.instances == instance]
         self.stop_event = threading.Event()
         self.forwarders: List[PartitionForwarder] = []
         self._publishers: List[DedupPublisher] = []
@@ -124,14 +131,19 @@ class DelayLevelSyncerService:
         self.gate = BacklogGate(admin, cfg.scheduling_topic, cfg.scheduling_subscription, cfg.max_near_term_backlog,
                                 cfg.backlog_check_interval_millis)
         self.retention_problems: List[str] = []
+        self._stopped = False
+        self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
 
-    def _subscribe(self, topic: str, queue: int) -> pulsar.Consumer:
+    def _subscribe(self, topic: str, queue: int, subscription: Optional[str] = None) -> pulsar.Consumer:
         # Shared: the one subscription type pulsar-lite gets right; Earliest: messages parked
         # before the syncer first ran are forwarded too.
-        return self.client.subscribe(topic, self.subscription, consumer_type=pulsar.ConsumerType.Shared,
-                                     initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=queue)
+        # batch_receive (a forwarder's due followers) returns what is queued, waiting at most 1 ms.
+        return self.client.subscribe(topic, subscription or self.subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                     initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=queue,
+                                     batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(
+                                         max(1, min(queue, self.cfg.forward_batch_size)), 16 << 20, 1))
 
     def _has_backlog(self, k: int) -> bool:
         consumer = self._subscribe(partition_topic(self.cfg.delay_level_topic, k), 1)
@@ -157,7 +169,7 @@ class DelayLevelSyncerService:
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock)
         try:
-            for k in range(n):
+            for k in self.owned:
                 publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
                                            snapshot_interval=100, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
                 self._publishers.append(publisher)
@@ -167,23 +179,25 @@ class DelayLevelSyncerService:
                 near = policy.near_term_topic
                 with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
                     list(pool.map(lambda p: p.open(near), self._publishers))
-            for k, publisher in enumerate(self._publishers):
+            for k, publisher in zip(self.owned, self._publishers):
                 topic = partition_topic(cfg.delay_level_topic, k)
                 consumer = self._subscribe(topic, cfg.receiver_queue_size)
                 self._consumers.append(consumer)
                 self.forwarders.append(PartitionForwarder(k, topic, consumer, publisher, policy, self.stop_event))
-            self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000)
+            # Every instance reads every cancel (its own subscription) and applies those of its partitions.
+            cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
+            self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
         except BaseException:
             self.stop()
             raise
         for fw in self.forwarders:
             fw.start()
-        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-metrics", self._metrics_loop)):
+        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
-        log.info("event=delay_level_syncer_started topic=%s partitions=%d strategy=%r backend=%s",
-                 cfg.delay_level_topic, n, str(self.strategy), cfg.near_term_backend)
+        log.info("event=delay_level_syncer_started topic=%s partitions=%d owned=%d instance=%d strategy=%r backend=%s",
+                 cfg.delay_level_topic, n, len(self.owned), self.instance, str(self.strategy), cfg.near_term_backend)
         return self
 
     def _check_retention(self) -> None:
@@ -231,14 +245,18 @@ class DelayLevelSyncerService:
         try:
             ledger, entry, batch = parse_cancel_target(props.get(CANCEL_PROP, ""))
             k = int(props.get(CANCEL_PARTITION_PROP, ""))
-            if not 0 <= k < len(self.forwarders):
+            if not 0 <= k < self.strategy.partitions:
                 raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic}")
             seq = sequence_id(ledger, entry, batch)
         except (ProtocolError, ValueError, ParkedMessageError) as exc:
             log.warning("event=delay_level_cancel_invalid msg_id=%s error=%r", msg.message_id(), exc)
             consumer.acknowledge(msg)
             return
-        outcome = self.forwarders[k].cancel(seq, lambda: consumer.acknowledge(msg))
+        forwarder = next((f for f in self.forwarders if f.k == k), None)
+        if forwarder is None:  # another instance's partition: it reads the same cancel
+            consumer.acknowledge(msg)
+            return
+        outcome = forwarder.cancel(seq, lambda: consumer.acknowledge(msg))
         log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
         if outcome == "too-late":
             # Already forwarded: the near-term index has it under a position we do not know.
@@ -264,12 +282,24 @@ class DelayLevelSyncerService:
         return out
 
     def _metrics_loop(self) -> None:
-        while not self.stop_event.wait(self.cfg.metrics_interval_seconds):
-            for name, value in self.metrics().items():
-                try:
-                    self.record_metric(name, value)
-                except Exception as exc:  # metrics must never stop forwarding
-                    log.debug("event=delay_level_metric_failed name=%s error=%r", name, exc)
+        next_record = time.monotonic()
+        while not self.stop_event.wait(0.5):
+            if time.monotonic() >= next_record:
+                next_record += self.cfg.metrics_interval_seconds
+                self._record_metrics()
+        # Stopped by a failure (not by stop()): ask for a rebuild (the function sends a wake tick).
+        if not self._stopped and self.on_failure is not None:
+            try:
+                self.on_failure()
+            except Exception as exc:  # the next tick or restart still rebuilds it
+                log.warning("event=delay_level_on_failure_failed error=%r", exc)
+
+    def _record_metrics(self) -> None:
+        for name, value in self.metrics().items():
+            try:
+                self.record_metric(name, value)
+            except Exception as exc:  # metrics must never stop forwarding
+                log.debug("event=delay_level_metric_failed name=%s error=%r", name, exc)
 
     @property
     def healthy(self) -> bool:
@@ -282,7 +312,11 @@ class DelayLevelSyncerService:
         return self.failure or next((f.failure for f in self.forwarders if f.failure is not None), None)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop the threads, close consumers (unacked messages are redelivered) and publishers."""
+        """Stop the threads, close consumers (unacked messages are redelivered) and publishers.
+        Idempotent."""
+        if self._stopped:
+            return
+        self._stopped = True
         self.stop_event.set()
         for fw in self.forwarders:
             fw.join(timeout_s)

@@ -22,5 +22,5 @@ def build_syncer(context: Any) -> DelayLevelSyncerService:
         cfg, pulsar_client(context), subscription=cfg.subscription or fqfn,
         producer_prefix=cfg.producer_name or f"{fqfn}-{instance}",
         state=ContextStateStore(context, prefix=f"dl/{instance}/"),
-        record_metric=context.record_metric, admin=admin)
+        record_metric=context.record_metric, admin=admin, instance=instance)
     return service.start()

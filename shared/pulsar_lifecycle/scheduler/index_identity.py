@@ -81,6 +81,8 @@ def check_index_identity(storage: Any, state: Any, *, state_location: str, publi
     raw = state.get(STATE_KEY)
     followed = raw.decode("ascii", "replace").strip() if raw else None
     current = storage.get_index_id()
+    if current is not None and current == followed:
+        return IdentityResult(current, False, 0)  # the usual restart: no need to scan the store
     fresh = is_fresh(storage)
 
     if current is None and fresh:

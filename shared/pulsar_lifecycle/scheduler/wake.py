@@ -77,3 +77,17 @@ def wake_after_failure(client: Any, tick_topic: str, delay_ms: int) -> None:
     timer = threading.Timer(max(0, delay_ms) / 1000.0, fire)
     timer.daemon = True
     timer.start()
+
+
+def arm_wake(service: Any, client: Any, tick_topic: str, tick_time_millis: int) -> None:
+    """At a service start: send its wake tick and have a failure send one after tickTimeMillis
+    (`service.on_failure`). If the send fails the service is stopped and the error raised: the
+    message being processed is redelivered and the next call starts again."""
+    if not tick_topic:
+        return
+    try:
+        send_wake_tick(client, tick_topic)
+    except BaseException:
+        service.stop()
+        raise
+    service.on_failure = lambda: wake_after_failure(client, tick_topic, tick_time_millis)

@@ -129,6 +129,29 @@ def _clean_temporaries(out_dir: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
+class ExportDir:
+    """An export directory being appended to: what it already holds, and the next part file."""
+
+    def __init__(self, out_dir: Path) -> None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        _clean_temporaries(out_dir)
+        self.out_dir = out_dir
+        self.report = ExportReport(out_dir=str(out_dir), files_before=len(part_files(out_dir)))
+        self.seen = load_positions(out_dir)
+        self._seq = self.report.files_before + 1
+
+    def write(self, rows: Sequence[Dict[str, Any]]) -> Optional[Path]:
+        """Write rows durably as the next part file (nothing for no rows)."""
+        if not rows:
+            return None
+        path = write_part(self.out_dir, rows, self._seq)
+        self._seq += 1
+        self.report.files.append(path.name)
+        self.report.files_written += 1
+        self.report.rows_written += len(rows)
+        return path
+
+
 def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription: str, out_dir: Path, *,
                    batch_rows: int = 50_000, idle_ms: int = 3000, max_messages: Optional[int] = None,
                    on_batch: Optional[Callable[[int], None]] = None) -> ExportReport:
@@ -140,12 +163,10 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     if batch_rows < 1 or idle_ms < 1:
         raise SparkJobError("batch_rows and idle_ms must be positive")
     t0 = time.monotonic()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _clean_temporaries(out_dir)
-    report = ExportReport(out_dir=str(out_dir), files_before=len(part_files(out_dir)))
-    seen = load_positions(out_dir)
-    seq = report.files_before + 1
-    consumer = client.subscribe(list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
+    export = ExportDir(out_dir)
+    report, seen = export.report, export.seen
+    # One topic: a plain consumer (a multi-topic consumer only when partitions are named).
+    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
                                 initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=min(max(1000, batch_rows), 50_000))
     log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
@@ -172,12 +193,8 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
                     continue
                 seen.add(mid.ledger_id(), mid.entry_id(), mid.batch_index())
                 rows.append(message_row(m, topics[0]))
-            if rows:
-                path = write_part(out_dir, rows, seq)
-                seq += 1
-                report.files.append(path.name)
-                report.files_written += 1
-                report.rows_written += len(rows)
+            path = export.write(rows)
+            if path is not None:
                 log.info("event=export_batch_durable file=%s rows=%d skipped=%d", path.name, len(rows), skipped)
             for m in msgs:  # only now: every message of the batch is in a durable file
                 consumer.acknowledge(m)
@@ -219,23 +236,14 @@ def import_jobs(jobs_file: Path, dataset_id: int, out_dir: Path, *, topic: str =
     reserved range (backlog.external_position: row n of dataset d has a fixed position, so a
     re-run after a crash skips what is already exported)."""
     t0 = time.monotonic()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    _clean_temporaries(out_dir)
-    report = ExportReport(out_dir=str(out_dir), files_before=len(part_files(out_dir)))
-    seen = load_positions(out_dir)
-    seq = report.files_before + 1
+    export = ExportDir(out_dir)
+    report = export.report
 
     def flush(batch: List[Dict[str, Any]], first_row: int) -> None:
-        nonlocal seq
         rows = [r for r in external_rows(batch, dataset_id, topic, first_row)
-                if seen.add(r["ledger_id"], r["entry_id"], r["batch_index"])]
+                if export.seen.add(r["ledger_id"], r["entry_id"], r["batch_index"])]
         report.redelivered_skipped += len(batch) - len(rows)
-        if rows:
-            path = write_part(out_dir, rows, seq)
-            seq += 1
-            report.files.append(path.name)
-            report.files_written += 1
-            report.rows_written += len(rows)
+        export.write(rows)
 
     try:
         fh = open(jobs_file, encoding="utf-8")

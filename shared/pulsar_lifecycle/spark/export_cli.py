@@ -26,9 +26,12 @@ from .errors import SparkJobError
 @click.option("--batch-rows", type=int, default=50_000, show_default=True, help="Messages per file (acked together).")
 @click.option("--idle-ms", type=int, default=3000, show_default=True, help="Stop when nothing arrives for this long.")
 @click.option("--max-messages", type=int, default=None, help="Stop after this many messages.")
+@click.option("--wake-topic", default=None, metavar="TOPIC",
+              help="The writer's tickTopic: after draining, leave one tick there so that the writer's next "
+                   "start runs at once and releases what is seeded, even with no new scheduling message.")
 def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, ...], subscription: Optional[str],
                    store: Optional[str], jobs_file: Optional[str], dataset_id: int, batch_rows: int, idle_ms: int,
-                   max_messages: Optional[int]) -> None:
+                   max_messages: Optional[int], wake_topic: Optional[str]) -> None:
     """Drain a stopped writer's scheduling subscription into Parquet files for `spark seed`.
 
     Messages are acked only after the file holding them is durable; after a crash run the
@@ -44,6 +47,7 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
       pulsar-lifecycle export-backlog --from-jobs jobs.jsonl --dataset-id 1 --out backlog/
     """
     from .export import export_backlog as run_export
+    from ..scheduler.wake import send_wake_tick
     from .export import import_jobs
     from .store import exclusive
 
@@ -62,6 +66,8 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
                 try:
                     report = run_export(client, list(topics), subscription, Path(out_dir), batch_rows=batch_rows,
                                         idle_ms=idle_ms, max_messages=max_messages)
+                    if wake_topic:  # the writer's first start after a seed needs an input message
+                        send_wake_tick(client, wake_topic)
                 finally:
                     client.close()
     except SparkJobError as exc:

@@ -142,11 +142,12 @@ def run_audit(spark: SparkSession, config: AuditConfig, state: ScanStateDir,
         for item in src.list():
             assert isinstance(item, ListedLedger)
             listed.append(item.row())
-    prog.rows(len(listed))
+    n_listed = len(listed)
     listing = rows_to_listing(spark, listed)
     frames = [read_listing_file(spark, p) for p in config.listing_files]
     for p, df in zip(config.listing_files, frames):
-        prog.rows(check_ids(df, f"listing {p}"))
+        n_listed += check_ids(df, f"listing {p}")
+    prog.rows(n_listed)
     listing = union_all(frames, listing)
 
     # 2. then the metadata.
@@ -167,10 +168,11 @@ def run_audit(spark: SparkSession, config: AuditConfig, state: ScanStateDir,
     # 3. classify on the executors, write candidates, commit.
     prog.phase("classify")
     rules = AuditRules(now_ms=started, older_than_ms=config.older_than_ms)
+    # Only the ledgers not in use are kept (cached) for the counts and the candidates.
     classified = classify(listing, in_use, coverage, max_known, rules).persist()
     committed = False
     try:
-        counts = count_statuses(classified)
+        counts = count_statuses(classified, n_listed)
         orphans_df = classified.filter(classified.status == STATUS_ORPHAN)
         prog.phase("write scan state")
         staging = str(state.staging_path(scan_id))

@@ -65,6 +65,10 @@ def _text_summary(report: Dict[str, Any], state_dir: str) -> List[str]:
     else:
         lines.append(f"  enqueued for two-phase deletion: {len(enq['sent'])}, not enqueueable: {len(enq['skipped'])}"
                      + (f", FAILED: {enq['failed']}" if enq["failed"] else ""))
+    t = report.get("timings") or {}
+    if t.get("elapsed_s"):
+        phases = ", ".join(f"{k} {v:.1f} s" for k, v in (t.get("phases_s") or {}).items())
+        lines.append(f"  took {t['elapsed_s']:.1f} s ({t.get('rows_per_s', 0):,} rows/s): {phases}")
     return lines
 
 

@@ -152,10 +152,14 @@ def check_ids(df: DataFrame, what: str) -> int:
 # -- the audit ------------------------------------------------------------------------------------
 def classify(listing: DataFrame, in_use: DataFrame, coverage: Sequence[Coverage],
              max_known: Dict[str, int], rules: AuditRules) -> DataFrame:
-    """Every listed ledger with its `status` (see orphans_model). `max_known` holds newest ids
-    the driver's sources know beyond `in_use` itself; the in-use files' own maxima are added here."""
+    """The listed ledgers NOT in use, each with its `status` (see orphans_model; IN_USE rows are
+    dropped by the anti-join, count them as listed minus these). `max_known` holds newest ids the
+    driver's sources know beyond `in_use` itself; the in-use files' own maxima are added here."""
     spark = listing.sparkSession
-    used = in_use.select("id_space", "ledger_id").distinct().withColumn("_used", F.lit(True))
+    keys = ["id_space", "ledger_id"]
+    # The anti-join needs no distinct of the in-use side (duplicates cannot multiply rows).
+    # A shuffled hash join: no sort of either side (the in-use ids hash well per partition).
+    unused = listing.join(in_use.select(*keys).hint("shuffle_hash"), keys, "left_anti")
     newest = in_use.groupBy("id_space").agg(F.max("ledger_id").alias("max_known"))
     if max_known:
         extra = spark.createDataFrame(list(max_known.items()), MAX_KNOWN_SCHEMA)
@@ -165,13 +169,11 @@ def classify(listing: DataFrame, in_use: DataFrame, coverage: Sequence[Coverage]
                                     "id_space string, component string").withColumn("_cov_any", F.lit(True))
     cov_ns = spark.createDataFrame([r for r in cov_rows if r[2] != ANY_NAMESPACE] or [("", "", "")],
                                    "id_space string, component string, owner_ns string").withColumn("_cov_ns", F.lit(True))
-    joined = (listing.join(used, ["id_space", "ledger_id"], "left")
-              .join(F.broadcast(newest), ["id_space"], "left")
+    joined = (unused.join(F.broadcast(newest), ["id_space"], "left")
               .join(F.broadcast(cov_any.dropDuplicates(["id_space", "component"])), ["id_space", "component"], "left")
               .join(F.broadcast(cov_ns.dropDuplicates()), ["id_space", "component", "owner_ns"], "left"))
     cutoff = rules.now_ms - rules.older_than_ms
-    status = (F.when(F.col("_used").isNotNull(), F.lit(STATUS_IN_USE))
-              .when(F.col("component").isNull(), F.lit(STATUS_UNLABELLED))
+    status = (F.when(F.col("component").isNull(), F.lit(STATUS_UNLABELLED))
               .when(F.col("_cov_any").isNull() & F.col("_cov_ns").isNull(), F.lit(STATUS_UNCOVERED))
               .when(F.col("max_known").isNull() | (F.col("ledger_id") > F.col("max_known")), F.lit(STATUS_NEWER))
               .when(F.col("created_ms").isNull() | (F.col("created_ms") > F.lit(cutoff)), F.lit(STATUS_TOO_YOUNG))
@@ -179,11 +181,15 @@ def classify(listing: DataFrame, in_use: DataFrame, coverage: Sequence[Coverage]
     return joined.select(*[F.col(c) for c in LISTING_COLUMNS], status.alias("status"))
 
 
-def count_statuses(classified: DataFrame) -> Dict[str, int]:
-    """Listed ledgers per status (every status present, 0 when none)."""
+def count_statuses(not_in_use: DataFrame, listed: int) -> Dict[str, int]:
+    """Listed ledgers per status (every status present, 0 when none); IN_USE = listed - the rest."""
     counts = {s: 0 for s in STATUSES}
-    for row in classified.groupBy("status").count().collect():
+    for row in not_in_use.groupBy("status").count().collect():
         counts[row["status"]] = int(row["count"])
+    counts[STATUS_IN_USE] = listed - sum(counts.values())
+    if counts[STATUS_IN_USE] < 0:
+        raise SparkJobError(f"{listed} ledgers listed but {listed - counts[STATUS_IN_USE]} classified: "
+                            "the listing changed while it was read")
     return counts
 
 

@@ -49,6 +49,8 @@ class JobProgress:
         self._progress: Optional[Progress] = None
         self._task: Any = None
         self._lock = threading.Lock()
+        self._expected = 0
+        self._expected_t0 = 0.0
 
     def __enter__(self) -> "JobProgress":
         self._t0 = self._phase_t0 = time.monotonic()
@@ -77,6 +79,12 @@ class JobProgress:
             self._close_phase()
             self._phase = name
             self._phase_t0 = time.monotonic()
+
+    def expect_rows(self, n: int) -> None:
+        """The rows the current phase processes: the display estimates rows/s from its tasks."""
+        with self._lock:
+            self._expected = int(n)
+            self._expected_t0 = time.monotonic()
 
     def rows(self, n: int) -> None:
         """Count `n` more rows processed."""
@@ -116,6 +124,9 @@ class JobProgress:
         detail = f"{self._phase}: {active} stage(s) active, tasks {done}/{total} ({running} running)"
         if self._rows:
             detail += f", {self._rows:,} rows, {self._rows / elapsed:,.0f} rows/s"
+        elif self._expected and total:
+            est = self._expected * done / total  # tasks of one stage hold about equal shares
+            detail += f", ~{est:,.0f} of {self._expected:,} rows, ~{est / max(time.monotonic() - self._expected_t0, 1e-9):,.0f} rows/s"
         if self._progress is not None:
             self._progress.update(self._task, detail=detail,
                                   total=total or None, completed=done)

@@ -22,7 +22,7 @@ from ..bucket.bitmap import LedgerBitmaps
 from ..bucket.codec import Manifest, ReleaseCursor, parse
 from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
-from ..bucket.sealing import plan_ledger_buckets
+from ..bucket.sealing import plan_ledger_buckets, seal_threshold
 from ..bucket.storage import BucketSnapshotStorage
 from ..bucket_protocol import CANCEL_PROP
 from ..scheduler.index_identity import seq_base_for_new_index
@@ -160,11 +160,16 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             check_empty(storage, url)
             progress.phase("plan buckets")
             df = read_backlog(spark, inputs, fmt)
-            counts = [(int(r[0]), int(r[1])) for r in df.groupBy("ledger_id").count().collect()]
+            # One scan: rows per ledger and how many are cancel requests.
+            is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
+            per_ledger = df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()
+            counts = [(int(r["ledger_id"]), int(r["n"])) for r in per_ledger]
+            n_cancels = sum(int(r["c"] or 0) for r in per_ledger)
             plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket, limit)
-            report.planned_threshold = min((c for _, _, c in plan), default=0)
+            report.planned_threshold = seal_threshold(sum(c for _, c in counts),
+                                                      config.delayed_delivery_min_index_count_per_bucket, limit)
             progress.phase("cancel requests")
-            tomb = _tombstones(df, opts, report)
+            tomb = _tombstones(df, opts, report) if n_cancels else LedgerBitmaps()
             if not plan:
                 report.index_id = _claim_index(storage)
                 storage.put_manifest(manifest_from_maps([], seen={}, tombstones=tomb.to_proto_map(), journal_cut=0,
@@ -179,6 +184,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 ledger_bucket.append((ledger, no))
             ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
             progress.phase("build and write buckets")
+            progress.expect_rows(sum(c for _, c in counts))
             spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
             out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
                    .groupBy("bucket_no").applyInPandas(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),

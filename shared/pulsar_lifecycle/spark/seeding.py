@@ -17,7 +17,7 @@ from ..bucket.codec import Item, make_item, release_ts
 from ..bucket.config import BucketConfig
 from ..bucket.keys import bucket_key
 from ..bucket.records import DelayedMessage
-from ..bucket.segments import CutSegment, cut_segments, snapshot_metadata
+from ..bucket.segments import CutSegment, cut_segments, snapshot_metadata_bytes
 from ..bucket.storage import BucketSnapshotStorage, write_whole
 from ..scheduler.intake import Cancel, Invalid
 from .backlog import ClassifyOptions, classify_row
@@ -95,7 +95,7 @@ def build_bucket(rows: Iterable[Tuple[Any, ...]], config: BucketConfig, opts: Cl
     out.start_ledger, out.end_ledger = min(ledgers), max(ledgers)
     out.segments = cut_segments(items, config.time_step_ms,
                                 config.delayed_delivery_max_indexes_per_bucket_snapshot_segment)
-    out.metadata = snapshot_metadata(out.segments).SerializeToString()
+    out.metadata = snapshot_metadata_bytes(out.segments)
     return out
 
 

@@ -329,30 +329,35 @@ def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, op
         raise SparkJobError("verify --against needs the writer's intake settings")
     journal_items, journal_cancels, _ = _journal(storage, url, report)
     tomb = LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones").union(journal_cancels)
+    keys = ["ledger_id", "entry_id"]
+    # One full outer join of what the store indexes (count per position) and what the export
+    # says (item / cancel per position), then one aggregation for every count.
     actual = bdf.mapInPandas(bind(positions_partition, url), "ledger_id long, entry_id long, ts long, bucket_id long")
-    actual = actual.persist()
-    dup = actual.groupBy("ledger_id", "entry_id").agg(F.count("*").alias("n"), F.collect_set("bucket_id").alias("b"))
-    dup = dup.where("n > 1")
-    ndup = dup.count()
-    for r in dup.limit(5).collect():
+    held = actual.groupBy(*keys).agg(F.count("*").alias("n"), F.collect_set("bucket_id").alias("b"))
+    src = read_backlog(spark, inputs, fmt).select(*ROW_COLUMNS)
+    exp = src.mapInPandas(bind(expected_partition, opts), "ledger_id long, entry_id long, deliver_at long, kind string")
+    want = exp.groupBy(*keys).agg(F.max((F.col("kind") == "item").cast("int")).alias("item"),
+                                  F.max((F.col("kind") == "cancel").cast("int")).alias("cancel"),
+                                  F.max("deliver_at").alias("deliver_at"))
+    both = want.join(held, keys, "full_outer").persist()
+    is_item, is_held = F.col("item") == 1, F.col("n").isNotNull()
+    row = both.agg(
+        F.sum(is_item.cast("long")).alias("expected"),
+        F.sum((is_item & is_held).cast("long")).alias("found"),
+        F.sum((is_held & F.coalesce(F.col("item"), F.lit(0)).eqNullSafe(0)).cast("long")).alias("not_in_export"),
+        F.sum((F.col("n") > 1).cast("long")).alias("dups"),
+        F.sum((is_item & ~is_held & (F.col("cancel") == 1)).cast("long")).alias("cancelled"),
+    ).collect()[0]
+    expected, found = int(row["expected"] or 0), int(row["found"] or 0)
+    not_in_export, ndup = int(row["not_in_export"] or 0), int(row["dups"] or 0)
+    for r in both.where("n > 1").limit(5).collect():
         report.violate(DUPLICATE, int(r["b"][0]), f"position {r['ledger_id']}:{r['entry_id']} indexed {r['n']} times "
                                                   f"(buckets {sorted(r['b'])})", count=0)
     if ndup:
         report.violations[DUPLICATE] = report.violations.get(DUPLICATE, 0) + ndup
-    src = read_backlog(spark, inputs, fmt).select(*ROW_COLUMNS)
-    exp = src.mapInPandas(bind(expected_partition, opts), "ledger_id long, entry_id long, deliver_at long, kind string")
-    exp = exp.persist()
-    items = exp.where("kind = 'item'").dropDuplicates(["ledger_id", "entry_id"])
-    cancels = exp.where("kind = 'cancel'").select("ledger_id", "entry_id").distinct()
-    expected = items.count()
-    pos = actual.select("ledger_id", "entry_id").distinct()
-    absent = items.join(pos, ["ledger_id", "entry_id"], "left_anti")
-    found = expected - absent.count()
-    not_in_export = pos.join(items.select("ledger_id", "entry_id"), ["ledger_id", "entry_id"], "left_anti").count()
-    counts = {"cancelled": 0, "released": 0, "journal": 0, "missing": 0}
-    examples = []
-    absent = absent.join(cancels, ["ledger_id", "entry_id"], "left_anti")
-    counts["cancelled"] = expected - found - absent.count()
+    absent = both.where(is_item & ~is_held & (F.col("cancel") == 0))
+    counts = {"cancelled": int(row["cancelled"] or 0), "released": 0, "journal": 0, "missing": 0}
+    examples: List[str] = []
     for r in absent.toLocalIterator():
         ledger, entry, at = int(r["ledger_id"]), int(r["entry_id"]), int(r["deliver_at"])
         if tomb.contains(ledger, entry):
@@ -368,8 +373,7 @@ def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, op
     if counts["missing"]:
         report.violate(MISSING, 0, f"{counts['missing']} exported messages are in no snapshot, e.g. {', '.join(examples)}",
                        count=counts["missing"])
-    actual.unpersist()
-    exp.unpersist()
+    both.unpersist()
     return {"expected": expected, "found": found, "not_in_export": not_in_export, "duplicates": ndup, **counts}
 
 

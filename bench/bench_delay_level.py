@@ -1,0 +1,284 @@
+"""Delay-level topics (issue 11, item 10). Three measurements, each printing a ratio:
+
+  index    (a) simulated clock: a 30-day workload with DAY units; peak number of entries the
+               near-term index holds without parking (every message indexed at publish) and with
+               parking (indexed from its forward time); target >= 10x fewer.
+  forward  (b) the syncer's forward rate vs a batched consume->produce pipe on the same broker
+               and the same partitions (batch_receive, sends without per-message callbacks, flush,
+               batch ack); target >= 0.8.
+  rss      (c) the syncer's RSS with 10k vs 1M parked messages (a child process per size);
+               target: within 10 MB.
+
+    python bench/bench_delay_level.py index [--messages-per-day 20000] [--days 60]
+    python bench/bench_delay_level.py forward [--messages 100000] [--partitions 10] [--runs 3]
+    python bench/bench_delay_level.py rss [--sizes 10000,1000000]
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import pulsar
+
+from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
+from pulsar_lifecycle.delaylevel.config import parse_syncer_config
+from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.rule import partition_topic
+from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
+from pulsar_lifecycle.runtime.broker import EmbeddedBroker
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.state.directory import DirectoryStateStore
+from pulsar_lifecycle.timing import DelayedProducer
+
+NS = "persistent://public/default"
+DAY_MS = 86_400_000
+
+
+# -- (a) near-term index entries, simulated clock ----------------------------------------------
+
+def peak(enters: List[int], leaves: List[int]) -> int:
+    """Most entries held at once, from enter and leave times (a leave at t precedes an enter at t)."""
+    enters.sort()
+    leaves.sort()
+    cur = best = j = 0
+    for t in enters:
+        while j < len(leaves) and leaves[j] <= t:
+            cur -= 1
+            j += 1
+        cur += 1
+        best = max(best, cur)
+    return best
+
+
+def bench_index(per_day: int, days: int, lookahead_ms: int, seed: int) -> None:
+    strategy = DelayLevelTopicPartitionStrategy(30 * 86400, PartitionBy.DAY)
+    rng = random.Random(seed)
+    n = per_day * days
+    leaves: List[int] = []
+    enters_without: List[int] = []
+    enters_with: List[int] = []
+    t0 = time.perf_counter()
+    for i in range(n):
+        pub = i * DAY_MS // per_day + rng.randrange(DAY_MS // per_day)  # steady arrivals
+        delay = rng.randint(0, strategy.max_delay_ms)  # uniform over the 30-day horizon
+        at = pub + delay
+        leaves.append(at)
+        enters_without.append(pub)
+        k = strategy.partition_for(delay)
+        enters_with.append(pub if k is None else max(pub, forward_at(pub, k, strategy.unit_ms, at, lookahead_ms)))
+    a, b = peak(enters_without, list(leaves)), peak(enters_with, leaves)
+    print(f"(a) {n:,} messages over {days} days ({per_day:,}/day), delays uniform in [0, 30 d], DAY units, "
+          f"lookahead {lookahead_ms} ms; simulated in {time.perf_counter() - t0:.1f} s")
+    print(f"    peak near-term index entries: without parking {a:,}; with parking {b:,}; ratio {a / b:.1f}x fewer "
+          f"(target >= 10x)")
+
+
+# -- shared: park messages ---------------------------------------------------------------------
+
+def park(client: pulsar.Client, business: str, sched: str, strategy: DelayLevelTopicPartitionStrategy,
+         n: int, delays_ms: List[int], payload: bytes) -> None:
+    prod = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy,
+                              max_pending_messages=5000)
+    failed = []
+    for i in range(n):
+        prod.send_async(payload, lambda res, _m: res == pulsar.Result.Ok or failed.append(1),
+                        delay_ms=delays_ms[i % len(delays_ms)])
+    prod.flush()
+    prod.close()
+    assert not failed, f"{len(failed)} parked sends failed"
+
+
+def syncer_config(business: str, sched: str, unit_s: int, max_s: int, **extra: object):
+    return parse_syncer_config({"delayLevelTopic": business + "-delay-level", "schedulingTopic": sched,
+                                "partitionBy": "SECONDS", "unitSeconds": unit_s,
+                                "messageMaximumDelayTimeSeconds": max_s, "lookaheadMillis": 0,
+                                "metricsIntervalSeconds": 3600, **extra})
+
+
+# -- (b) forward rate vs a batched pipe --------------------------------------------------------
+
+def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, batch: int) -> float:
+    """Baseline: per partition a thread doing batch_receive -> send_async (no callbacks) -> flush -> ack."""
+    done = [0]
+    lock = threading.Lock()
+
+    def run(topic: str) -> None:
+        consumer = client.subscribe(topic, "pipe", consumer_type=pulsar.ConsumerType.Shared,
+                                    initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000,
+                                    batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(batch, 16 << 20, 5))
+        producer = client.create_producer(out, batching_enabled=True, batching_max_publish_delay_ms=10,
+                                          block_if_queue_full=True, max_pending_messages=1000,
+                                          compression_type=pulsar.CompressionType.LZ4)
+        got = 0
+        while got < per_topic:
+            msgs = consumer.batch_receive()
+            if not msgs:
+                continue
+            for m in msgs:
+                producer.send_async(m.data(), None, properties=m.properties(), partition_key=m.partition_key() or None)
+            producer.flush()
+            for m in msgs:
+                consumer.acknowledge(m)
+            got += len(msgs)
+        with lock:
+            done[0] += got
+        producer.close()
+        consumer.close()
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in topics]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return done[0] / (time.perf_counter() - t0)
+
+
+def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
+                partitions: int, batch: int) -> float:
+    # The same receiver queue (1000) and batch size as the pipe.
+    cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
+                        receiverQueueSize=1000)
+    service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
+                                      state=DirectoryStateStore(state, "public", "default", "bench"),
+                                      record_metric=lambda _n, _v: None)
+    service.start()
+    t0 = time.perf_counter()
+    last, last_change = -1, time.monotonic()
+    while True:
+        forwarded = sum(f.stats.forwarded + f.stats.duplicates for f in service.forwarders)
+        if forwarded >= n:
+            break
+        if forwarded != last:
+            last, last_change = forwarded, time.monotonic()
+        elif time.monotonic() - last_change > 60:  # report a stall instead of hiding it
+            state = [(f.k, f.stats.forwarded, len(f._held), f.alive) for f in service.forwarders]  # noqa: SLF001
+            print(f"    STALL: {forwarded} of {n} forwarded, no progress for 60 s; (partition, forwarded, held, "
+                  f"alive): {state}; healthy={service.healthy} failure={service.failure_reason!r}")
+            break
+        time.sleep(0.01)
+    dt = time.perf_counter() - t0
+    service.stop()
+    if forwarded < n:
+        raise SystemExit(1)
+    return n / dt
+
+
+def bench_forward(n: int, partitions: int, runs: int, batch: int) -> None:
+    unit_s = 1
+    strategy = DelayLevelTopicPartitionStrategy(unit_s * (partitions + 1), PartitionBy.SECONDS, unit_seconds=unit_s)
+    # Delays that put n/partitions messages in each partition; all due a few seconds later.
+    delays = [(k + 1) * 1000 + 100 for k in range(partitions)]
+    rates: Dict[str, List[float]] = {"pipe": [], "syncer": []}
+    payload = b"x" * 100
+    with tempfile.TemporaryDirectory() as d, EmbeddedBroker(data_dir=Path(d) / "broker", log_level="warn") as broker:
+        client = quiet_client(broker.service_url)
+        for run in range(runs):
+            for kind in ("pipe", "syncer"):
+                business, sched = f"{NS}/bfw-{kind}-{run}", f"{NS}/bfw-{kind}-{run}-sched"
+                park(client, business, sched, strategy, n, delays, payload)
+                time.sleep(partitions + 1)  # everything due (forward time = base + (k+1) units)
+                if kind == "pipe":
+                    topics = [partition_topic(business + "-delay-level", k) for k in range(partitions)]
+                    rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
+                else:
+                    rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
+                                                   partitions, batch))
+                print(f"    run {run + 1} {kind}: {rates[kind][-1]:,.0f} msg/s")
+        client.close()
+    p, s = statistics.median(rates["pipe"]), statistics.median(rates["syncer"])
+    print(f"(b) {n:,} parked messages in {partitions} partitions, batch {batch}, {runs} runs (medians): "
+          f"pipe {p:,.0f} msg/s, syncer {s:,.0f} msg/s; ratio syncer/pipe {s / p:.2f} (target >= 0.8)")
+
+
+# -- (c) RSS vs parked count -------------------------------------------------------------------
+
+def rss_kb(pid: str = "self") -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise RuntimeError("no VmRSS")
+
+
+def rss_child(url: str, business: str, sched: str, state: str, settle_s: float) -> None:
+    """Child: run the syncer over the parked partitions (nothing due) and print its RSS."""
+    client = quiet_client(url)
+    cfg = syncer_config(business, sched, 60, 60 * 30)
+    service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="rss-syncer",
+                                      state=DirectoryStateStore(Path(state), "public", "default", "bench"),
+                                      record_metric=lambda _n, _v: None)
+    service.start()
+    time.sleep(settle_s)
+    heads = sum(1 for f in service.forwarders if f.stats.next_forward_at)
+    print(f"RSS_KB {rss_kb()} HEADS {heads}", flush=True)
+    service.stop()
+    client.close()
+
+
+def bench_rss(sizes: List[int], settle_s: float) -> None:
+    strategy = DelayLevelTopicPartitionStrategy(60 * 30, PartitionBy.SECONDS, unit_seconds=60)
+    delays = [(k + 1) * 60_000 + 30_000 for k in range(29)]  # spread over 29 partitions, none due soon
+    out: Dict[int, int] = {}
+    with tempfile.TemporaryDirectory() as d, EmbeddedBroker(data_dir=Path(d) / "broker", log_level="warn") as broker:
+        client = quiet_client(broker.service_url)
+        for n in sizes:
+            business, sched = f"{NS}/brss-{n}", f"{NS}/brss-{n}-sched"
+            t0 = time.perf_counter()
+            park(client, business, sched, strategy, n, delays, b"x" * 100)
+            print(f"    parked {n:,} in {time.perf_counter() - t0:.1f} s")
+            res = subprocess.run([sys.executable, __file__, "rss-child", broker.service_url, business, sched,
+                                  str(Path(d) / f"state-{n}"), str(settle_s)], capture_output=True, text=True,
+                                 timeout=600)
+            line = [x for x in res.stdout.splitlines() if x.startswith("RSS_KB")]
+            assert line, res.stderr[-2000:]
+            out[n] = int(line[0].split()[1])
+            print(f"    syncer over {n:,} parked: RSS {out[n] / 1024:.1f} MB ({line[0]})")
+        client.close()
+    lo, hi = min(sizes), max(sizes)
+    print(f"(c) syncer RSS: {lo:,} parked {out[lo] / 1024:.1f} MB, {hi:,} parked {out[hi] / 1024:.1f} MB; "
+          f"difference {(out[hi] - out[lo]) / 1024:.1f} MB (target: within 10 MB)")
+
+
+def main() -> None:
+    # pulsar-client logs an ERROR for every empty topic a dedup recovery probes; expected here.
+    logging.getLogger("pulsar.client").setLevel(logging.CRITICAL)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("index")
+    a.add_argument("--messages-per-day", type=int, default=20_000)
+    a.add_argument("--days", type=int, default=60)
+    a.add_argument("--lookahead-ms", type=int, default=60_000)
+    a.add_argument("--seed", type=int, default=1)
+    b = sub.add_parser("forward")
+    b.add_argument("--messages", type=int, default=100_000)
+    b.add_argument("--partitions", type=int, default=10)
+    b.add_argument("--runs", type=int, default=3)
+    b.add_argument("--batch", type=int, default=500)
+    c = sub.add_parser("rss")
+    c.add_argument("--sizes", default="10000,1000000")
+    c.add_argument("--settle-seconds", type=float, default=5.0)
+    ch = sub.add_parser("rss-child")
+    for name in ("url", "business", "sched", "state", "settle"):
+        ch.add_argument(name)
+    args = ap.parse_args()
+    if args.cmd == "index":
+        bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
+    elif args.cmd == "forward":
+        bench_forward(args.messages, args.partitions, args.runs, args.batch)
+    elif args.cmd == "rss":
+        bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds)
+    else:
+        rss_child(args.url, args.business, args.sched, args.state, float(args.settle))
+
+
+if __name__ == "__main__":
+    main()
