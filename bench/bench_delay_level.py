@@ -145,21 +145,31 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
                 partitions: int, batch: int) -> float:
-    cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch)
+    # The same receiver queue (1000) and batch size as the pipe.
+    cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
+                        receiverQueueSize=1000)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
     service.start()
     t0 = time.perf_counter()
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
+    last, last_change = -1, time.monotonic()
+    while True:
         forwarded = sum(f.stats.forwarded + f.stats.duplicates for f in service.forwarders)
         if forwarded >= n:
+            break
+        if forwarded != last:
+            last, last_change = forwarded, time.monotonic()
+        elif time.monotonic() - last_change > 60:  # report a stall instead of hiding it
+            state = [(f.k, f.stats.forwarded, len(f._held), f.alive) for f in service.forwarders]  # noqa: SLF001
+            print(f"    STALL: {forwarded} of {n} forwarded, no progress for 60 s; (partition, forwarded, held, "
+                  f"alive): {state}; healthy={service.healthy} failure={service.failure_reason!r}")
             break
         time.sleep(0.01)
     dt = time.perf_counter() - t0
     service.stop()
-    assert forwarded >= n, f"only {forwarded} of {n} forwarded"
+    if forwarded < n:
+        raise SystemExit(1)
     return n / dt
 
 

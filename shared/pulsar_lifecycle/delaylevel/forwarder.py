@@ -21,17 +21,29 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..bucket_protocol import TARGET_PROP
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
 from ..scheduler.positions import format_message_ref
 from .errors import ParkedMessageError
-from .rule import BASE_PROP, LEVEL_PROP, ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, forward_at, parse_parked, sequence_id
+from .rule import (
+    BASE_PROP,
+    LEVEL_PROP,
+    ORIGIN_MSG_ID_PROP,
+    ORIGIN_PARTITION_PROP,
+    Parked,
+    forward_at,
+    parse_parked,
+    sequence_id,
+)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder"]
 
 ERROR_PROP = "__pl_error__"  # the reason on a dead-lettered message (as the writer's -INVALID topic)
+# Internal properties a forward does not carry: the dedup publisher adds its own; base and level
+# only served the forward time.
+_NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
@@ -70,6 +82,8 @@ class _Held:
     msg: pulsar.Message
     props: Dict[str, str]
     due: int
+    parked: Optional[Parked]  # None: malformed (`error` says why), dead-lettered
+    error: str = ""
 
 
 @dataclass
@@ -145,10 +159,11 @@ class PartitionForwarder:
         props = msg.properties()
         try:
             p = parse_parked(props, self.k)
-            due = forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
-        except ParkedMessageError:
-            due = 0
-        self._held.append(_Held(msg, props, due))
+        except ParkedMessageError as exc:
+            self._held.append(_Held(msg, props, 0, None, str(exc)))
+            return
+        due = forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
+        self._held.append(_Held(msg, props, due, p))
 
     def _step(self) -> None:
         if not self._held:
@@ -205,7 +220,7 @@ class PartitionForwarder:
                 if cancel is not None:
                     dropped.append((msg, cancel))
                     continue
-                topic, out, kind = self._out_message(msg, held.props, seq)
+                topic, out, kind = self._out_message(held, seq)
                 kinds.append(kind)
                 if groups and groups[-1][0] == topic:
                     groups[-1][1].append(out)
@@ -235,33 +250,30 @@ class PartitionForwarder:
             else:
                 self.stats.forwarded += 1
 
-    def _out_message(self, msg: pulsar.Message, source_props: Dict[str, str], seq: int) -> Tuple[str, OutMessage, str]:
+    def _out_message(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
         """(topic, message, "forward" | "dead-letter") for one due parked message."""
-        props = {k: v for k, v in source_props.items() if k not in RESERVED_PROPERTIES}
+        msg, parked = held.msg, held.parked
+        props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = _ref(msg)
         key = msg.partition_key() or None
         event_time = msg.event_timestamp() or None
-        reason = None
-        deliver_at: Optional[int] = None
-        try:
-            parked = parse_parked(props, self.k)
-            deliver_at = parked.deliver_at
-            if self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
-                reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
-        except ParkedMessageError as exc:
-            reason = f"malformed parked message: {exc}"
-        if reason is not None:
+        if parked is None:
+            reason = f"malformed parked message: {held.error}"
+        elif self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
+            reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
+        else:
+            reason = ""
+        if reason:
+            props.update({k: v for k, v in held.props.items() if k in (BASE_PROP, LEVEL_PROP)})  # kept for diagnosis
             props[ERROR_PROP] = reason
             log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, _ref(msg), reason)
             return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"
-        for internal in (BASE_PROP, LEVEL_PROP):
-            props.pop(internal, None)
+        assert parked is not None
         if self.policy.near_term_topic is not None:
             return self.policy.near_term_topic, OutMessage(msg.data(), seq, props, key, event_time), "forward"
-        target = props.pop(TARGET_PROP)
-        assert deliver_at is not None and DELIVER_AT_PROP in props
-        return target, OutMessage(msg.data(), seq, props, key, event_time, deliver_at=deliver_at), "forward"
+        del props[TARGET_PROP]
+        return parked.target, OutMessage(msg.data(), seq, props, key, event_time, deliver_at=parked.deliver_at), "forward"
 
     def resolve_passed_cancels(self) -> None:
         """Ack cancels whose target position the partition has already passed (not found)."""
