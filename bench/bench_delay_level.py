@@ -209,10 +209,10 @@ def rss_kb(pid: str = "self") -> int:
     raise RuntimeError("no VmRSS")
 
 
-def rss_child(url: str, business: str, sched: str, state: str, settle_s: float) -> None:
+def rss_child(url: str, business: str, sched: str, state: str, settle_s: float, queue: int) -> None:
     """Child: run the syncer over the parked partitions (nothing due) and print its RSS."""
     client = quiet_client(url)
-    cfg = syncer_config(business, sched, 60, 60 * 30)
+    cfg = syncer_config(business, sched, 60, 60 * 30, receiverQueueSize=queue)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="rss-syncer",
                                       state=DirectoryStateStore(Path(state), "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
@@ -224,7 +224,7 @@ def rss_child(url: str, business: str, sched: str, state: str, settle_s: float) 
     client.close()
 
 
-def bench_rss(sizes: List[int], settle_s: float) -> None:
+def bench_rss(sizes: List[int], settle_s: float, queue: int) -> None:
     strategy = DelayLevelTopicPartitionStrategy(60 * 30, PartitionBy.SECONDS, unit_seconds=60)
     delays = [(k + 1) * 60_000 + 30_000 for k in range(29)]  # spread over 29 partitions, none due soon
     out: Dict[int, int] = {}
@@ -236,7 +236,8 @@ def bench_rss(sizes: List[int], settle_s: float) -> None:
             park(client, business, sched, strategy, n, delays, b"x" * 100)
             print(f"    parked {n:,} in {time.perf_counter() - t0:.1f} s")
             res = subprocess.run([sys.executable, __file__, "rss-child", broker.service_url, business, sched,
-                                  str(Path(d) / f"state-{n}"), str(settle_s)], capture_output=True, text=True,
+                                  str(Path(d) / f"state-{n}"), str(settle_s), str(queue)],
+                                 capture_output=True, text=True,
                                  timeout=600)
             line = [x for x in res.stdout.splitlines() if x.startswith("RSS_KB")]
             assert line, res.stderr[-2000:]
@@ -244,7 +245,7 @@ def bench_rss(sizes: List[int], settle_s: float) -> None:
             print(f"    syncer over {n:,} parked: RSS {out[n] / 1024:.1f} MB ({line[0]})")
         client.close()
     lo, hi = min(sizes), max(sizes)
-    print(f"(c) syncer RSS: {lo:,} parked {out[lo] / 1024:.1f} MB, {hi:,} parked {out[hi] / 1024:.1f} MB; "
+    print(f"(c) receiver queue {queue}: syncer RSS: {lo:,} parked {out[lo] / 1024:.1f} MB, {hi:,} parked {out[hi] / 1024:.1f} MB; "
           f"difference {(out[hi] - out[lo]) / 1024:.1f} MB (target: within 10 MB)")
 
 
@@ -266,8 +267,9 @@ def main() -> None:
     c = sub.add_parser("rss")
     c.add_argument("--sizes", default="10000,1000000")
     c.add_argument("--settle-seconds", type=float, default=5.0)
+    c.add_argument("--receiver-queue", type=int, default=200)
     ch = sub.add_parser("rss-child")
-    for name in ("url", "business", "sched", "state", "settle"):
+    for name in ("url", "business", "sched", "state", "settle", "queue"):
         ch.add_argument(name)
     args = ap.parse_args()
     if args.cmd == "index":
@@ -275,9 +277,9 @@ def main() -> None:
     elif args.cmd == "forward":
         bench_forward(args.messages, args.partitions, args.runs, args.batch)
     elif args.cmd == "rss":
-        bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds)
+        bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds, args.receiver_queue)
     else:
-        rss_child(args.url, args.business, args.sched, args.state, float(args.settle))
+        rss_child(args.url, args.business, args.sched, args.state, float(args.settle), int(args.queue))
 
 
 if __name__ == "__main__":

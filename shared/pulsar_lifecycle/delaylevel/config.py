@@ -24,6 +24,7 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "subscription": ("subscription", "", "The syncer's Shared subscription on every partition; default `<tenant>/<namespace>/<name>`."),
     "producerName": ("producer_name", "", "Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition); default `<tenant>/<namespace>/<name>-<instance>`."),
     "instances": ("instances", 1, "Set to the function's `parallelism`: instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing)."),
+    "dedupSnapshotInterval": ("dedup_snapshot_interval", 1000, "Each partition's forward publisher snapshots its de-duplication state every this many forwards (Pulsar's brokerDeduplicationEntriesInterval); a restart replays the scheduling topic after the snapshot."),
     "forwardBatchSize": ("forward_batch_size", 500, "Due messages of one partition forwarded together before their acks."),
     "receiverQueueSize": ("receiver_queue_size", 200, "Receiver queue per partition consumer: the only parked messages held in memory (O(1) in the backlog)."),
     "onMissingTarget": ("on_missing_target", "dead-letter", "A parked message whose business topic no longer exists (admin API): `dead-letter` to `<delay-level topic>-DLQ` with the reason, or `forward` anyway."),
@@ -54,6 +55,7 @@ class SyncerConfig:
     subscription: str = ""
     producer_name: str = ""
     instances: int = 1
+    dedup_snapshot_interval: int = 1000
     forward_batch_size: int = 500
     receiver_queue_size: int = 200
     on_missing_target: str = "dead-letter"
@@ -82,7 +84,7 @@ class SyncerConfig:
             raise ConfigError(f"userConfig tickMode must be 'hold', 'runner' or 'chain', got {self.tick_mode!r}")
         if self.pulsar_admin_url and not self.pulsar_admin_url.startswith(("http://", "https://")):
             raise ConfigError(f"userConfig pulsarAdminUrl must start with http:// or https://, got {self.pulsar_admin_url!r}")
-        for attr in ("instances", "forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
+        for attr in ("instances", "dedup_snapshot_interval", "forward_batch_size", "receiver_queue_size", "tick_time_millis", "metrics_interval_seconds",
                      "target_cache_seconds", "backlog_check_interval_millis"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"userConfig {_key_of(attr)} must be > 0, got {getattr(self, attr)!r}")

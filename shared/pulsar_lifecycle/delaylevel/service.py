@@ -171,7 +171,7 @@ class DelayLevelSyncerService:
         try:
             for k in self.owned:
                 publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
-                                           snapshot_interval=100, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
+                                           snapshot_interval=cfg.dedup_snapshot_interval, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
                 self._publishers.append(publisher)
             if policy.near_term_topic is not None:
                 # Recover every partition's dedup map before the first forward; in parallel, since
