@@ -163,7 +163,11 @@ def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> 
                             subName="dl-demo-writer", output=business, inputSpecs={wticks: bytes_serde},
                             userConfig=dict(wcfg["userConfig"], schedulingTopic=sched, tickTopic=wticks,
                                             tickTimeMillis=200, snapshotDir=str(data_dir / "dl-demo-snapshots"),
-                                            schedulingSubscription="dl-demo-writer"))
+                                            schedulingSubscription="dl-demo-writer",
+                                            # its only input is the tick topic here: the local
+                                            # runner's ticks start it (the shipped `hold` mode
+                                            # waits for a scheduling message on an input)
+                                            tickMode="runner"))
     scfg = load_function_config(configs / "delay-level-syncer.yaml")
     strategy = DelayLevelTopicPartitionStrategy(max_s, PartitionBy.SECONDS, unit_seconds=unit_s)
     syncer = start_function(configs / "delay-level-syncer.yaml", broker, data_dir, name="dl-demo-syncer",
