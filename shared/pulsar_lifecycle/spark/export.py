@@ -152,30 +152,22 @@ class ExportDir:
         return path
 
 
-def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription: str, out_dir: Path, *,
-                   batch_rows: int = 50_000, idle_ms: int = 3000, max_messages: Optional[int] = None,
-                   on_batch: Optional[Callable[[int], None]] = None) -> ExportReport:
-    """Drain `subscription` on `topics` into `out_dir` until nothing arrives for `idle_ms`.
-
-    The writer must be stopped (it would consume the same subscription). Returns the report;
-    `on_batch(rows)` is called after each durable batch (progress).
-    """
-    if batch_rows < 1 or idle_ms < 1:
-        raise SparkJobError("batch_rows and idle_ms must be positive")
-    t0 = time.monotonic()
-    export = ExportDir(out_dir)
+def _drain_pass(client: "pulsar.Client", topics: Sequence[str], subscription: str, export: ExportDir,
+                batch_rows: int, idle_ms: int, limit: Optional[int],
+                on_batch: Optional[Callable[[int], None]]) -> int:
+    """One consumer's pass: receive batches until nothing arrives for idle_ms (or `limit`
+    messages); each batch is written durably, then acked. Returns the messages received."""
     report, seen = export.report, export.seen
     # One topic: a plain consumer (a multi-topic consumer only when partitions are named).
-    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
+    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription,
+                                consumer_type=pulsar.ConsumerType.Shared,
                                 initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=min(max(1000, batch_rows), 50_000))
-    log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
-             ",".join(topics), subscription, out_dir, len(seen))
+    total = 0
     try:
-        total = 0
-        while max_messages is None or total < max_messages:
+        while limit is None or total < limit:
             msgs: List[pulsar.Message] = []
-            want = batch_rows if max_messages is None else min(batch_rows, max_messages - total)
+            want = batch_rows if limit is None else min(batch_rows, limit - total)
             deadline = time.monotonic() + 1.0  # a batch waits at most 1 s to fill
             while len(msgs) < want:
                 wait = idle_ms if not msgs else max(1, int((deadline - time.monotonic()) * 1000))
@@ -204,6 +196,38 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
                 on_batch(len(rows))
     finally:
         consumer.close()
+    return total
+
+
+def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription: str, out_dir: Path, *,
+                   batch_rows: int = 50_000, idle_ms: int = 3000, max_messages: Optional[int] = None,
+                   on_batch: Optional[Callable[[int], None]] = None) -> ExportReport:
+    """Drain `subscription` on `topics` into `out_dir` until nothing arrives for `idle_ms`.
+
+    The writer must be stopped (it would consume the same subscription). Returns the report;
+    `on_batch(rows)` is called after each durable batch (progress).
+    """
+    if batch_rows < 1 or idle_ms < 1:
+        raise SparkJobError("batch_rows and idle_ms must be positive")
+    t0 = time.monotonic()
+    export = ExportDir(out_dir)
+    report, seen = export.report, export.seen
+    log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
+             ",".join(topics), subscription, out_dir, len(seen))
+    total, passes = 0, 0
+    # The export ends only when a consumer subscribed after the last message arrived gets nothing
+    # for idle_ms. Messages a killed exporter had received but not acked go back to the
+    # subscription only when the broker drops that consumer; pulsar-lite hands them out only to a
+    # consumer that subscribes after that, never to one already connected, so one idle consumer
+    # proves nothing.
+    while max_messages is None or total < max_messages:
+        passes += 1
+        got = _drain_pass(client, topics, subscription, export, batch_rows, idle_ms,
+                          None if max_messages is None else max_messages - total, on_batch)
+        total += got
+        if got == 0:
+            break
+        log.info("event=export_confirm_pass pass=%d received=%d", passes, got)
     report.seconds = round(time.monotonic() - t0, 3)
     log.info("event=export_done out=%s files=%d rows=%d skipped=%d seconds=%.1f", out_dir, report.files_written,
              report.rows_written, report.redelivered_skipped, report.seconds)
