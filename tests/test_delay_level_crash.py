@@ -58,7 +58,8 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
     s.update(name=f"dlc-syncer-{unique}", subName=f"dlc-syncer-{unique}")
     s["userConfig"].update(delayLevelTopic=t["dl"], schedulingTopic=t["sched"], schedulingSubscription="writer",
                            partitionBy="SECONDS", unitSeconds=UNIT_S, messageMaximumDelayTimeSeconds=UNITS * UNIT_S,
-                           lookaheadMillis=LOOKAHEAD_MS, tickTopic=t["sticks"], tickTimeMillis=200)
+                           lookaheadMillis=LOOKAHEAD_MS, tickTopic=t["sticks"], tickTimeMillis=200,
+                           tickMode="runner")  # as the writer: the local runner's ticks start it
     wp, sp = tmp_path / "writer.yaml", tmp_path / "syncer.yaml"
     wp.write_text(yaml.safe_dump(w))
     sp.write_text(yaml.safe_dump(s))

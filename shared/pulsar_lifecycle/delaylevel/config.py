@@ -32,7 +32,7 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "targetCacheSeconds": ("target_cache_seconds", 600, "How long a namespace's topic list from the admin API is cached."),
     "maxNearTermBacklog": ("max_near_term_backlog", 100000, "Back-pressure: forwarding pauses while the writer's subscription backlog is above this (needs `pulsarAdminUrl` and `schedulingSubscription`); 0 = off."),
     "backlogCheckIntervalMillis": ("backlog_check_interval_millis", 1000, "How often the writer's backlog is read while forwarding."),
-    "tickTopic": ("tick_topic", "", "The function's input: a tick starts the syncer; it sends one wake tick per start and keeps one unacked, so a restart is woken by its redelivery (as the writer, scheduler/wake.py). A fresh deployment needs one first tick (the local runner's in `runner` mode, or one sent by the operator)."),
+    "tickTopic": ("tick_topic", "", "The function's input: a tick starts the syncer; it sends one wake tick per start and keeps one unacked, so a restart is woken by its redelivery (as the writer, scheduler/wake.py). Use `<delayLevelTopic>-TICK` (the shipped config): a DelayLevelProducer sends one tick there before its first parked message, so the first parked message starts a fresh deployment."),
     "tickMode": ("tick_mode", "hold", "`hold`: only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked); `chain`: the writer's retired name, same as `hold`."),
     "tickTimeMillis": ("tick_time_millis", 1000, "Runner tick period, and the delay of the wake tick a failed syncer sends to be rebuilt."),
     "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delay_level_* metrics are recorded."),
