@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .exceptions import ConfigError
 
 __all__ = [
-    "ConfigError", "Setting", "check_settings", "parse_settings", "setting", "settings_of", "to_bool",
+    "ConfigError", "Setting", "check_settings", "parse_settings", "read_setting", "setting", "settings_of", "to_bool",
     "to_int", "to_str", "to_str_list", "unknown_key_error", "user_config_keys",
 ]
 
@@ -94,6 +94,13 @@ def to_str_list(key: str, value: Any) -> Tuple[str, ...]:
         if item.strip():
             out.append(item.strip())
     return tuple(out)
+
+
+def read_setting(user_config: Optional[Mapping[str, Any]], key: str, convert: Converter, default: Any) -> Any:
+    """One key of a userConfig map through a converter, for a reader outside the config classes
+    (the local runner's ticker); a missing or None value gives `default`."""
+    value = (user_config or {}).get(key)
+    return default if value is None else convert(key, value)
 
 
 _CONVERTERS: Dict[type, Converter] = {bool: to_bool, int: to_int, str: to_str, tuple: to_str_list}

@@ -11,9 +11,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from ..config.settings import ConfigError, check_settings, parse_settings, setting, to_str, to_str_list, user_config_keys
-from .topics import DeletionTopics
+from .topics import SCOPES, DeletionTopics
 
 FUNCTION = "LedgerDeletionWorker"
+_TOPICS = DeletionTopics()  # the topic defaults are declared once, in DeletionTopics
 
 
 def to_http_urls(key: str, value: Any) -> Tuple[str, ...]:
@@ -34,19 +35,19 @@ class DeletionConfig:
     """
 
     enabled: bool = setting("twoPhaseDeletionEnabled", True, "When false, the service refuses to append (PIP name).")
-    deletion_namespace: str = setting("deletionNamespace", "pulsar/system",
+    deletion_namespace: str = setting("deletionNamespace", _TOPICS.namespace,
                                       "Namespace of the deletion topics (cluster scope).")
-    deletion_topic_name: str = setting("deletionTopicName", "__ledger_deletion",
+    deletion_topic_name: str = setting("deletionTopicName", _TOPICS.topic_name,
                                        "Base name; `-RETRY`, `-DLQ` and `-partition-<k>` are derived from it.")
     ledger_deletion_parallelism: int = setting(
-        "ledgerDeletionParallelism", 4,
+        "ledgerDeletionParallelism", _TOPICS.parallelism,
         "Partitions of the deletion and RETRY topics (the worker's `inputs` must list them all).", minimum=1)
     deletion_topic_scope: str = setting(
-        "deletionTopicScope", "cluster",
+        "deletionTopicScope", _TOPICS.scope,
         "`cluster`: one set of topics; `tenant`: per-tenant topics plus cross-tenant refusal.",
-        choices=("cluster", "tenant"))
+        choices=SCOPES)
     tenant_deletion_namespace: str = setting(
-        "tenantDeletionNamespace", "system", "Namespace, inside each tenant, of its deletion topics (tenant scope).")
+        "tenantDeletionNamespace", _TOPICS.tenant_namespace, "Namespace, inside each tenant, of its deletion topics (tenant scope).")
     send_delay_seconds: int = setting("sendDelaySeconds", 60,
                                       "Phase-one delivery delay (service side; 0 sends at once).", minimum=0)
     reconsume_later_seconds: int = setting("reconsumeLaterSeconds", 600, "Delay of a retry.", minimum=0)

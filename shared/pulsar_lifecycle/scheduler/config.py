@@ -1,14 +1,17 @@
 """userConfig of BucketSnapshotWriter: declared once as WriterConfig fields (config/settings.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
 from ..config.settings import ConfigError, check_settings, parse_settings, setting, settings_of, user_config_keys
 from ..dedup.publisher import normalize_topic
+from ..deletion.config import DeletionConfig
 
 TICK_MODES = ("hold", "runner", "chain")
+# The snapshotDeletion* keys mirror the LedgerDeletionWorker's: same defaults, declared there.
+_WORKER = {f.name: f.default for f in fields(DeletionConfig)}
 
 
 @dataclass(frozen=True)
@@ -84,17 +87,17 @@ class WriterConfig:
         'How exhausted/merged snapshots are removed: `direct` (delete from the store) or `two-phase` (a DELAYED_INDEX_BUCKET request to LedgerDeletionWorker, PIP-186).',
         choices=("direct", "two-phase"))
     snapshot_deletion_namespace: str = setting(
-        'snapshotDeletionNamespace', 'pulsar/system',
+        'snapshotDeletionNamespace', _WORKER['deletion_namespace'],
         "Namespace of the deletion topics used with `two-phase` (the worker's deletionNamespace); targets under it are always allowed.")
     snapshot_deletion_topic_name: str = setting(
-        'snapshotDeletionTopicName', '__ledger_deletion',
+        'snapshotDeletionTopicName', _WORKER['deletion_topic_name'],
         "Deletion topic base name (the worker's deletionTopicName).")
     snapshot_deletion_parallelism: int = setting(
-        'snapshotDeletionParallelism', 4,
+        'snapshotDeletionParallelism', _WORKER['ledger_deletion_parallelism'],
         "Partitions of the deletion topic (the worker's ledgerDeletionParallelism).",
         minimum=1)
     snapshot_deletion_send_delay_seconds: int = setting(
-        'snapshotDeletionSendDelaySeconds', 60,
+        'snapshotDeletionSendDelaySeconds', _WORKER['send_delay_seconds'],
         'Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself.',
         minimum=0)
     bucket: BucketConfig = field(default_factory=BucketConfig)
