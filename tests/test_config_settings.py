@@ -131,3 +131,20 @@ def test_config_classes_are_frozen_and_fields_carry_key_default_and_meaning():
         for key, (f, spec) in settings_of(cls).items():
             assert spec.key == key and spec.meaning.strip(), (cls, key)
             assert f.default is not dataclasses.MISSING, (cls, key)
+
+
+def test_validate_reports_values_with_the_same_converters():
+    # `pulsar-lifecycle validate` builds each function's config as the function does.
+    checks = {entry.class_name: entry.check for entry in FUNCTIONS}
+    base = {"userConfig": {"tickTimeMillis": 5.7}}
+    assert checks["bucket_snapshot_writer.BucketSnapshotWriter"](base)[0] == \
+        "userConfig tickTimeMillis must be an integer, got 5.7"
+    assert checks["delay_level_syncer.DelayLevelSyncer"](
+        {"userConfig": {"delayLevelTopic": "dl", "schedulingTopic": "s", "tickTimeMillis": 5.7}}) == \
+        ["userConfig tickTimeMillis must be an integer, got 5.7"]
+    assert checks["ledger_deletion_worker.LedgerDeletionWorker"](
+        {"userConfig": {"delayBackend": "broker", "maxRedeliverCount": "5.7"}}) == \
+        ["userConfig maxRedeliverCount must be an integer, got '5.7'"]
+    assert checks["example_function.ExampleFunction"]({"userConfig": {"countProcessed": "maybe"}}) == \
+        ["userConfig countProcessed must be true or false, got 'maybe'"]
+    assert checks["example_function.ExampleFunction"]({"userConfig": {"countProcessed": "FALSE"}}) == []

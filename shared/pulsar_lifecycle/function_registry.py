@@ -1,5 +1,5 @@
-"""The shipped functions: their config classes (the userConfig keys each understands) and their
-extra config checks (used by `validate`, the docs generator and the docs test)."""
+"""The shipped functions: their config classes (the userConfig keys each understands) and the
+checks `validate` runs on their configs (used by `validate`, the docs generator and the docs test)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,63 +8,54 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 from .bucket.config import BucketConfig
 from .config.settings import settings_of, user_config_keys
 from .delaylevel.config import SyncerConfig
-from .delaylevel.config import check_function_config as check_syncer_config
 from .deletion.config import DeletionConfig
 from .example import ExampleConfig
-from .scheduler.config import WriterConfig, check_function_config
+from .scheduler.config import WriterConfig, check_writer_inputs
 
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
 
 
-def _known(cfg: Mapping[str, Any], *classes: type) -> Dict[str, Any]:
-    user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
-    keys = {k for cls in classes for k in settings_of(cls)}
-    return {k: v for k, v in user.items() if k in keys}
-
-
-def check_example_config(cfg: Mapping[str, Any]) -> List[str]:
-    """The values of an ExampleFunction config's known userConfig keys."""
-    try:
-        ExampleConfig.from_user_config(_known(cfg, ExampleConfig))
-    except ValueError as exc:
-        return [str(exc)]
-    return []
-
-
-def check_deletion_config(cfg: Mapping[str, Any]) -> List[str]:
-    """The values of a LedgerDeletionWorker config's known userConfig keys (secrets are named,
-    not read, offline: any name passes)."""
-    try:
-        DeletionConfig.from_user_config(_known(cfg, DeletionConfig), lambda name: "(offline)")
-    except ValueError as exc:
-        return [str(exc)]
-    return []
-
-
 @dataclass(frozen=True)
 class FunctionEntry:
-    """One shipped function: entry class, config classes (in docs order) and its `validate` check."""
+    """One shipped function: entry class, config classes (in docs order), how it builds its
+    config from userConfig, and any check of the rest of its function config."""
 
     class_name: str
     configs: Tuple[type, ...]
-    check: Optional[FunctionCheck] = None
+    parse: Callable[[Mapping[str, Any]], Any]
+    other_checks: Optional[FunctionCheck] = None
 
     @property
     def title(self) -> str:
         """The entry class's name (the docs section title)."""
         return self.class_name.rsplit(".", 1)[-1]
 
+    def check(self, cfg: Mapping[str, Any]) -> List[str]:
+        """The problems `validate` reports for a config of this function: its known userConfig
+        values built as the function builds them (unknown keys are reported by the key check)."""
+        user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
+        keys = {k for cls in self.configs for k in settings_of(cls)}
+        problems: List[str] = []
+        try:
+            self.parse({k: v for k, v in user.items() if k in keys})
+        except (ValueError, TypeError) as exc:
+            problems.append(str(exc))
+        return problems + (self.other_checks(cfg) if self.other_checks else [])
+
 
 FUNCTIONS: Tuple[FunctionEntry, ...] = (
-    FunctionEntry("example_function.ExampleFunction", (ExampleConfig,), check_example_config),
-    FunctionEntry("bucket_snapshot_writer.BucketSnapshotWriter", (WriterConfig, BucketConfig), check_function_config),
-    FunctionEntry("ledger_deletion_worker.LedgerDeletionWorker", (DeletionConfig,), check_deletion_config),
-    FunctionEntry("delay_level_syncer.DelayLevelSyncer", (SyncerConfig,), check_syncer_config),
+    FunctionEntry("example_function.ExampleFunction", (ExampleConfig,), ExampleConfig.from_user_config),
+    FunctionEntry("bucket_snapshot_writer.BucketSnapshotWriter", (WriterConfig, BucketConfig),
+                  WriterConfig.from_user_config, check_writer_inputs),
+    # Offline, a secret is only named: any name resolves.
+    FunctionEntry("ledger_deletion_worker.LedgerDeletionWorker", (DeletionConfig,),
+                  lambda user: DeletionConfig.from_user_config(user, lambda name: "(offline)")),
+    FunctionEntry("delay_level_syncer.DelayLevelSyncer", (SyncerConfig,), SyncerConfig.from_user_config),
 )
 
 USER_CONFIG_KEYS: Dict[str, Collection[str]] = {
     entry.class_name: tuple(user_config_keys(*entry.configs)) for entry in FUNCTIONS
 }
 
-#: className -> extra checks `validate` runs on a config of that class (one message per problem).
-FUNCTION_CHECKS: Dict[str, FunctionCheck] = {entry.class_name: entry.check for entry in FUNCTIONS if entry.check}
+#: className -> the checks `validate` runs on a config of that class (one message per problem).
+FUNCTION_CHECKS: Dict[str, FunctionCheck] = {entry.class_name: entry.check for entry in FUNCTIONS}

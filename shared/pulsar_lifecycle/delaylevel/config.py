@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
-from ..config.settings import check_settings, parse_settings, setting, settings_of, user_config_keys
+from ..config.settings import check_settings, parse_settings, setting, user_config_keys
 from ..dedup.publisher import normalize_topic
 from .errors import ConfigError
 from .strategy import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_MAX_PARTITIONS, DelayLevelTopicPartitionStrategy
 
-__all__ = ["ConfigError", "SyncerConfig", "all_user_config_keys", "check_function_config", "parse_syncer_config"]
+__all__ = ["ConfigError", "SyncerConfig", "all_user_config_keys", "parse_syncer_config"]
 
 
 @dataclass(frozen=True)
@@ -138,14 +138,3 @@ def all_user_config_keys() -> List[str]:
 def parse_syncer_config(user_config: Optional[Mapping[str, Any]]) -> SyncerConfig:
     """userConfig -> SyncerConfig (SyncerConfig.from_user_config)."""
     return SyncerConfig.from_user_config(user_config)
-
-
-def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
-    """What `validate` can tell about a DelayLevelSyncer config: its userConfig values."""
-    user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
-    known = {k: v for k, v in user.items() if k in settings_of(SyncerConfig)}
-    try:
-        parse_syncer_config(known)
-    except (ValueError, TypeError) as exc:
-        return [str(exc)]
-    return []

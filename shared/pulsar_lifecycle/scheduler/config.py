@@ -170,9 +170,10 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
     return others[0], False
 
 
-def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
-    """What `validate` can tell about a BucketSnapshotWriter config beyond field types: values
-    of known userConfig keys (unknown keys are reported by the key check) and the inputs."""
+def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
+    """What `validate` can tell about a BucketSnapshotWriter config's inputs beyond field types:
+    the intake's inputs and one subscription for the scheduling topic's two consumers (the
+    values of its userConfig keys are checked by the registry, through WriterConfig)."""
     user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
     known = {k: v for k, v in user.items() if k in all_user_config_keys()}
     inputs: List[str] = [t for t in (cfg.get("inputs") or []) if isinstance(t, str)]
@@ -188,9 +189,8 @@ def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
             problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
                             f"({known.get('schedulingSubscription') or fqfn!r}) must be the function's subscription "
                             f"({function_sub!r}), or the two consumers get every message each")
-    for check in (lambda: parse_writer_config(known), lambda: scheduling_input(inputs, known)):
-        try:
-            check()
-        except (ValueError, TypeError) as exc:
-            problems.append(str(exc))
+    try:
+        scheduling_input(inputs, known)
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
     return problems
