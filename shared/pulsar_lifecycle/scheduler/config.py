@@ -5,7 +5,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
-from ..config.settings import ConfigError, check_settings, parse_settings, setting, settings_of, user_config_keys
+from ..config.settings import (
+    ConfigError, check_settings, parse_settings, read_setting, setting, settings_of, to_str, user_config_keys)
 from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig
 
@@ -152,10 +153,12 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
     intake: exactly one input besides the tick topic.
     """
     inputs = [normalize_topic(t) for t in input_topics]
-    tick = normalize_topic(str(user["tickTopic"])) if user.get("tickTopic") else ""
+    tick_topic = read_setting(user, "tickTopic", to_str, "")
+    tick = normalize_topic(tick_topic) if tick_topic else ""
     others = [t for t in inputs if t != tick]
-    if user.get("schedulingTopic"):
-        topic = normalize_topic(str(user["schedulingTopic"]))
+    scheduling_topic = read_setting(user, "schedulingTopic", to_str, "")
+    if scheduling_topic:
+        topic = normalize_topic(scheduling_topic)
         if not tick or tick not in inputs:
             raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
                              "function's input: ticks start the function and wake it after a restart")
@@ -176,21 +179,30 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
     values of its userConfig keys are checked by the registry, through WriterConfig)."""
     user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
     known = {k: v for k, v in user.items() if k in all_user_config_keys()}
+
+    def text(key: str) -> str:
+        try:
+            return str(read_setting(known, key, to_str, ""))
+        except ConfigError:
+            return ""  # a bad value: reported once, by the registry's value check
+
+    topics = {"tickTopic": text("tickTopic"), "schedulingTopic": text("schedulingTopic")}
+    subscription = text("schedulingSubscription")
     inputs: List[str] = [t for t in (cfg.get("inputs") or []) if isinstance(t, str)]
     for key in ("inputSpecs", "customSerdeInputs"):
         if isinstance(cfg.get(key), Mapping):
             inputs += [t for t in cfg[key] if isinstance(t, str)]
     problems = []
-    sched = normalize_topic(str(known["schedulingTopic"])) if known.get("schedulingTopic") else ""
+    sched = normalize_topic(topics["schedulingTopic"]) if topics["schedulingTopic"] else ""
     if sched and sched in [normalize_topic(t) for t in inputs]:
         fqfn = f"{cfg.get('tenant', 'public')}/{cfg.get('namespace', 'default')}/{cfg.get('name', '')}"
         function_sub = cfg.get("subName") or fqfn
-        if (known.get("schedulingSubscription") or fqfn) != function_sub:
+        if (subscription or fqfn) != function_sub:
             problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
-                            f"({known.get('schedulingSubscription') or fqfn!r}) must be the function's subscription "
+                            f"({subscription or fqfn!r}) must be the function's subscription "
                             f"({function_sub!r}), or the two consumers get every message each")
     try:
-        scheduling_input(inputs, known)
+        scheduling_input(inputs, topics)
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return problems
