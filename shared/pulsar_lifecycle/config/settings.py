@@ -26,7 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 from .exceptions import ConfigError
 
 __all__ = [
-    "ConfigError", "Setting", "check_settings", "parse_settings", "read_setting", "setting", "settings_of", "to_bool",
+    "ConfigError", "Setting", "check_settings", "defaults_of", "parse_settings", "read_setting", "setting", "settings_of", "to_bool",
     "to_int", "to_str", "to_str_list", "unknown_key_error", "user_config_keys",
 ]
 
@@ -157,6 +157,11 @@ def settings_of(cls: type) -> Dict[str, Tuple[dataclasses.Field, Setting]]:
     """userConfig key -> (dataclass field, Setting) of `cls`, in declaration order."""
     return {f.metadata["setting"].key: (f, f.metadata["setting"])
             for f in dataclasses.fields(cls) if "setting" in f.metadata}
+
+
+def defaults_of(cls: type) -> Dict[str, Any]:
+    """userConfig key -> default of `cls` (for a CLI option that mirrors a key)."""
+    return {key: f.default for key, (f, _spec) in settings_of(cls).items()}
 
 
 def user_config_keys(*classes: type) -> List[str]:
