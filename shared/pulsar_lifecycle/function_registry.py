@@ -33,7 +33,8 @@ class FunctionEntry:
     def check(self, cfg: Mapping[str, Any]) -> List[str]:
         """The problems `validate` reports for a config of this function: its known userConfig
         values built as the function builds them (unknown keys are reported by the key check)."""
-        user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
+        raw = cfg.get("userConfig")
+        user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         keys = {k for cls in self.configs for k in settings_of(cls)}
         problems: List[str] = []
         try:

@@ -226,8 +226,9 @@ def describe_bounds(spec: Setting) -> str:
     if spec.maximum is not None:
         parts.append(f"<= {spec.maximum}")
     parts += [f"or `{v}`" for v in spec.also]
-    kind = {to_int: "integer", to_bool: "boolean", to_str: "string", to_str_list: "list of strings"}.get(
-        spec.convert, "string")
+    names: Dict[Converter, str] = {to_int: "integer", to_bool: "boolean", to_str: "string",
+                                   to_str_list: "list of strings"}
+    kind = names.get(spec.convert, "string")
     return kind + (", " + " ".join(parts) if parts else "")
 
 

@@ -177,7 +177,8 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
     """What `validate` can tell about a BucketSnapshotWriter config's inputs beyond field types:
     the intake's inputs and one subscription for the scheduling topic's two consumers (the
     values of its userConfig keys are checked by the registry, through WriterConfig)."""
-    user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
+    raw = cfg.get("userConfig")
+    user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     known = {k: v for k, v in user.items() if k in all_user_config_keys()}
 
     def text(key: str) -> str:
