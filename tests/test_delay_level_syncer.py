@@ -208,3 +208,28 @@ def test_two_instances_split_the_partitions_and_each_applies_its_cancels(env):
     assert second.metrics()["pulsar_delay_level_cancelled_total"] == 1
     with pytest.raises(ValueError, match="instance id 2 is outside userConfig instances=2"):
         env.start(instances=2, instance=2)
+
+
+def test_partitions_appended_by_a_grown_strategy_are_read_without_a_restart(env):
+    # The syncer reads 10 partitions (20 s); a producer whose maximum grew to 40 s parks in 13.
+    topics, client = env.topics, env.client
+    service = env.start(partitionDiscoverySeconds=1, lookaheadMillis=30_000)  # forward as soon as read
+    grown = make_producer(client, topics, max_s=40)
+    try:
+        far = grown.send(b"far", delay_ms=28_500)
+        assert far.partition == 13
+        got = drain(client, topics["sched"], "check", expect=1, timeout=10)
+    finally:
+        grown.close()
+    assert [m.data() for m in got] == [b"far"]
+    assert got[0].properties()[ORIGIN_PARTITION_PROP] == far.topic
+    assert service.partitions == 14 and [f.k for f in service.forwarders][10:] == [10, 11, 12, 13]
+    service.stop()
+    # Remembered: a restart with the old strategy is refused while the new partitions hold messages.
+    grown = make_producer(client, topics, max_s=40)
+    try:
+        assert grown.send(b"later", delay_ms=26_500).partition == 12
+    finally:
+        grown.close()
+    with pytest.raises(ShrinkRefusedError, match="from 14 to 10 partitions: partition 12 still holds"):
+        env.start()

@@ -102,6 +102,10 @@ class SyncerConfig:
         'metricsIntervalSeconds', 10,
         'How often the pulsar_delay_level_* metrics are recorded.',
         minimum=1)
+    partition_discovery_seconds: int = setting(
+        'partitionDiscoverySeconds', 60,
+        "How often the syncer looks for partitions beyond the ones it reads (producers whose maximum delay grew append them): each check probes the next partition's end (one probe subscription, removed again) and starts forwarding it when it holds messages, up to `maxPartitions`; 0 = off (new partitions are read after a restart with the raised strategy).",
+        minimum=0)
 
     def __post_init__(self) -> None:
         check_settings(self)

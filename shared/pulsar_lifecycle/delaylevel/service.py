@@ -26,8 +26,9 @@ log = logging.getLogger(__name__)
 __all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_partition_count"]
 
 PARTITIONS_KEY = "delay-level/partitions"
-SHRINK_PROBE_MS = 1000
-OPEN_PARALLELISM = 16  # how long a removed partition is probed for a parked message
+SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
+OPEN_PARALLELISM = 16  # publishers recovered at once at start
+DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
 
 
 @dataclass
@@ -132,6 +133,10 @@ class DelayLevelSyncerService:
                                 cfg.backlog_check_interval_millis)
         self.retention_problems: List[str] = []
         self._stopped = False
+        self.partitions = self.strategy.partitions  # partitions read: the strategy's, grown by discovery
+        self._policy: Optional[ForwardPolicy] = None
+        self._grow_lock = threading.Lock()  # forwarders are added by discovery while others read the lists
+        self._discover_lock = threading.Lock()  # discovery runs from its loop and from a cancel
         self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
@@ -162,28 +167,19 @@ class DelayLevelSyncerService:
         check_partition_count(self.state, n, self._has_backlog)
         if self.admin is not None:
             self._check_retention()
-        policy = ForwardPolicy(
+        self._policy = ForwardPolicy(
             unit_ms=self.strategy.unit_ms, lookahead_ms=cfg.lookahead_millis, batch_size=cfg.forward_batch_size,
             near_term_topic=cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else None,
             dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock)
         try:
-            for k in self.owned:
-                publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
-                                           snapshot_interval=cfg.dedup_snapshot_interval, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
-                self._publishers.append(publisher)
-            if policy.near_term_topic is not None:
-                # Recover every partition's dedup map before the first forward; in parallel, since
-                # each recovery probes the topic's end (about 0.5 s on an idle topic).
-                near = policy.near_term_topic
-                with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
-                    list(pool.map(lambda p: p.open(near), self._publishers))
-            for k, publisher in zip(self.owned, self._publishers):
-                topic = partition_topic(cfg.delay_level_topic, k)
-                consumer = self._subscribe(topic, cfg.receiver_queue_size)
-                self._consumers.append(consumer)
-                self.forwarders.append(PartitionForwarder(k, topic, consumer, publisher, policy, self.stop_event))
+            # Recover every partition's dedup map before the first forward; in parallel, since
+            # each recovery probes the topic's end (about 0.5 s on an idle topic).
+            with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
+                publishers = list(pool.map(self._open_publisher, self.owned))
+            for k, publisher in zip(self.owned, publishers):
+                self._add_forwarder(k, publisher)
             # Every instance reads every cancel (its own subscription) and applies those of its partitions.
             cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
             self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
@@ -192,13 +188,80 @@ class DelayLevelSyncerService:
             raise
         for fw in self.forwarders:
             fw.start()
-        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)):
+        loops = [("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)]
+        if cfg.partition_discovery_seconds > 0:
+            loops.append(("delay-level-discovery", self._discovery_loop))
+        for name, target in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
         log.info("event=delay_level_syncer_started topic=%s partitions=%d owned=%d instance=%d strategy=%r backend=%s",
                  cfg.delay_level_topic, n, len(self.owned), self.instance, str(self.strategy), cfg.near_term_backend)
         return self
+
+    def _open_publisher(self, k: int) -> DedupPublisher:
+        """Partition k's forward publisher (stable name `<prefix>-p<k>`), recovered on the near-term topic."""
+        publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
+                                   snapshot_interval=self.cfg.dedup_snapshot_interval,
+                                   max_pending_messages=max(1000, 2 * self.cfg.forward_batch_size))
+        with self._grow_lock:
+            self._publishers.append(publisher)  # closed by stop() even if the open below fails
+        assert self._policy is not None
+        if self._policy.near_term_topic is not None:
+            publisher.open(self._policy.near_term_topic)
+        return publisher
+
+    def _add_forwarder(self, k: int, publisher: DedupPublisher) -> PartitionForwarder:
+        assert self._policy is not None
+        topic = partition_topic(self.cfg.delay_level_topic, k)
+        consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
+        forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event)
+        with self._grow_lock:
+            self._consumers.append(consumer)
+            self.forwarders.append(forwarder)
+        return forwarder
+
+    # -- partition discovery -----------------------------------------------------------------
+
+    def _discovery_loop(self) -> None:
+        while not self.stop_event.wait(self.cfg.partition_discovery_seconds):
+            try:
+                self.discover_partitions()
+            except Exception as exc:  # a failed probe is retried next interval; forwarding goes on
+                log.warning("event=delay_level_discovery_failed topic=%s error=%r", self.cfg.delay_level_topic, exc)
+
+    def discover_partitions(self) -> List[int]:
+        """Read the partitions appended beyond the ones read so far (a grown maximum delay).
+
+        Probes the next DISCOVERY_WINDOW partitions beyond the last one read, in parallel, with
+        the shrink guard's probe (this subscription, a queue of one, closed unacked: it also
+        creates the subscription, so on Pulsar the partition's messages are backlog from then
+        on). A grown strategy appends a contiguous range, so every partition up to the farthest
+        one holding a message is taken; then the next window is probed. Each one found is
+        remembered as the partition count (a restart with the old strategy is refused while it
+        holds messages) and, when this instance owns it, forwarded from now on; up to the
+        strategy's cap. Returns the partitions found."""
+        found: List[int] = []
+        with self._discover_lock:
+            while not self.stop_event.is_set():
+                window = list(range(self.partitions, min(self.partitions + DISCOVERY_WINDOW, self.strategy.max_partitions)))
+                if not window:
+                    break
+                with ThreadPoolExecutor(max_workers=len(window)) as pool:
+                    held = [k for k, has in zip(window, pool.map(self._has_backlog, window)) if has]
+                if not held:
+                    break
+                for k in range(self.partitions, max(held) + 1):
+                    self.partitions = k + 1
+                    self.state.put(PARTITIONS_KEY, str(self.partitions).encode())
+                    found.append(k)
+                    owned = k % self.cfg.instances == self.instance
+                    log.info("event=delay_level_partition_discovered topic=%s partition=%d partitions=%d owned=%s",
+                             self.cfg.delay_level_topic, k, self.partitions, owned)
+                    if owned and not self.stop_event.is_set():
+                        self.owned.append(k)
+                        self._add_forwarder(k, self._open_publisher(k)).start()
+        return found
 
     def _check_retention(self) -> None:
         assert self.admin is not None
@@ -245,8 +308,11 @@ class DelayLevelSyncerService:
         try:
             ledger, entry, batch = parse_cancel_target(props.get(CANCEL_PROP, ""))
             k = int(props.get(CANCEL_PARTITION_PROP, ""))
-            if not 0 <= k < self.strategy.partitions:
-                raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic}")
+            if self.partitions <= k < self.strategy.max_partitions:
+                self.discover_partitions()  # a producer with a grown strategy parked it: look now
+            if not 0 <= k < self.partitions:
+                raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic} "
+                                    f"(partitions read: {self.partitions})")
             seq = sequence_id(ledger, entry, batch)
         except (ProtocolError, ValueError, ParkedMessageError) as exc:
             log.warning("event=delay_level_cancel_invalid msg_id=%s error=%r", msg.message_id(), exc)
@@ -318,10 +384,10 @@ class DelayLevelSyncerService:
             return
         self._stopped = True
         self.stop_event.set()
+        for t in self._threads:  # discovery first: it may still be adding a forwarder
+            t.join(timeout_s)
         for fw in self.forwarders:
             fw.join(timeout_s)
-        for t in self._threads:
-            t.join(timeout_s)
         for c in self._consumers + ([self._cancel_consumer] if self._cancel_consumer else []):
             try:
                 c.close()
