@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import pulsar
 import pytest
 
-from helpers import drain
+from helpers import drain, receive_payloads, shipped_writer_spec, wait_for
 from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, DelayTooLongError, PartitionBy, ShrinkRefusedError
@@ -20,6 +20,7 @@ from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, partition_topic
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.state.directory import DirectoryStateStore
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from servers.pulsar_admin_server import PulsarAdminServer
@@ -233,3 +234,36 @@ def test_partitions_appended_by_a_grown_strategy_are_read_without_a_restart(env)
         grown.close()
     with pytest.raises(ShrinkRefusedError, match="from 14 to 10 partitions: partition 12 still holds"):
         env.start()
+
+
+def test_cancel_after_the_forward_reaches_the_writers_index(broker, tmp_path, unique):
+    # Issue 11 gap 2: the cancel follows the message wherever it is. Here it was already
+    # forwarded (and indexed by a real writer) when the cancel came: the writer must drop it.
+    spec, sched = shipped_writer_spec(unique[-12:], "dlcx", snapshotDir=str(tmp_path / "snapshots"))
+    business = spec.output
+    topics = {"business": business, "sched": sched}
+    client = quiet_client(broker.service_url)
+    runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path / "w")).start()
+    producer = make_producer(client, topics)
+    released = client.subscribe(business, "check", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest)
+    service = make_service(client, tmp_path, topics, lookaheadMillis=3500)  # forwards 0.5 s after sending
+    try:
+        kept = producer.send(b"kept", delay_ms=4200)
+        gone = producer.send(b"gone", delay_ms=4300)
+        assert kept.partition == gone.partition == 1
+        forwards = receive_payloads(watch, 2, timeout=5)  # both forwarded (and indexed) long before due
+        assert sorted(forwards) == ["gone", "kept"]
+        producer.cancel(gone)
+        assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancels_followed_total"] == 1, timeout=8)
+        tombstones = receive_payloads(watch, 1, timeout=3)
+        got = receive_payloads(released, 2, timeout=8)  # both due by now; only one may come
+        got += receive_payloads(released, 1, timeout=1)
+    finally:
+        service.stop()
+        runner.stop()
+        producer.close()
+        client.close()
+    assert tombstones == [""] and got == ["kept"]

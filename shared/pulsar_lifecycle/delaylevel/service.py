@@ -14,18 +14,24 @@ import pulsar
 from ..bucket_protocol import CANCEL_PROP
 from ..bucket.protocol import ProtocolError, parse_cancel_target
 from ..dedup.publisher import DedupPublisher
+from ..dedup.recovery import last_position
+from ..timing.delayed_producer import DelayedProducer
 from ..state.base import StateStore
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
+from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
+from .trail import Checkpoint, ForwardTrail, TrailFormatError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_partition_count"]
 
 PARTITIONS_KEY = "delay-level/partitions"
+TRAIL_KEY = "delay-level/forward-trail"
+FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for its publish to finish
 SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
 DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
@@ -137,6 +143,11 @@ class DelayLevelSyncerService:
         self._policy: Optional[ForwardPolicy] = None
         self._grow_lock = threading.Lock()  # forwarders are added by discovery while others read the lists
         self._discover_lock = threading.Lock()  # discovery runs from its loop and from a cancel
+        # Where forwards can be found for cancels that come after them (scheduler backend only):
+        # kept two units + lookahead (a forward waits in the index at most one unit + lookahead).
+        self.trail = ForwardTrail(retention_ms=2 * self.strategy.unit_ms + 2 * cfg.lookahead_millis)
+        self._tombstones: Optional[DelayedProducer] = None
+        self.cancels_followed = 0  # late cancels sent on to the writer as tombstones
         self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
@@ -180,6 +191,10 @@ class DelayLevelSyncerService:
                 publishers = list(pool.map(self._open_publisher, self.owned))
             for k, publisher in zip(self.owned, publishers):
                 self._add_forwarder(k, publisher)
+            if self._policy.near_term_topic is not None:
+                self._load_trail()
+                self._take_checkpoint()  # before the first forward: every later one is after it
+                self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
             # Every instance reads every cancel (its own subscription) and applies those of its partitions.
             cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
             self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
@@ -220,6 +235,44 @@ class DelayLevelSyncerService:
             self._consumers.append(consumer)
             self.forwarders.append(forwarder)
         return forwarder
+
+    # -- the forward trail (cancels after the forward) ---------------------------------------
+
+    def _load_trail(self) -> None:
+        raw = self.state.get(TRAIL_KEY)
+        if raw:
+            try:
+                self.trail = ForwardTrail.from_bytes(raw, self.trail.retention_ms, self.trail.max_checkpoints)
+            except TrailFormatError as exc:  # only late cancels of older forwards lose their way
+                log.warning("event=delay_level_trail_unreadable topic=%s error=%s", self.cfg.delay_level_topic, exc)
+
+    def _take_checkpoint(self) -> None:
+        """Record the near-term topic's end, THEN the claims: a forward not claimed at the
+        checkpoint is published after the recorded position."""
+        assert self._policy is not None and self._policy.near_term_topic is not None
+        end = last_position(self.client, self._policy.near_term_topic)
+        claimed = {f.k: f.claimed for f in list(self.forwarders)}
+        self.trail.add(Checkpoint(self.clock(), (end.ledger_id, end.entry_id) if end else None, claimed))
+        self.state.put(TRAIL_KEY, self.trail.to_bytes())
+
+    def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int) -> str:
+        """Follow a cancel whose parked message was already forwarded into the writer's index:
+        find the forward on the scheduling topic and send the writer's tombstone naming it."""
+        near = self._policy.near_term_topic if self._policy else None
+        if near is None or self._tombstones is None:
+            return "too-late"  # broker deliver_at: Pulsar cannot cancel a delayed message
+        found, start = self.trail.scan_start(forwarder.k, seq)
+        if not found:
+            return "released"  # forwarded before the oldest checkpoint: released by now
+        deadline = time.monotonic() + FORWARD_DONE_WAIT_S
+        while forwarder.done < seq and time.monotonic() < deadline and not self.stop_event.is_set():
+            time.sleep(0.05)  # claimed but still being published
+        pos = find_forward(self.client, near, start, forwarder.publisher.producer_name, seq)
+        if pos is None:
+            return "not-forwarded"  # dropped by an earlier cancel, or dead-lettered
+        self._tombstones.cancel(pulsar.MessageId(pos.partition, pos.ledger_id, pos.entry_id, pos.batch_index))
+        log.info("event=delay_level_cancel_followed partition=%d seq=%d forward=%s", forwarder.k, seq, pos)
+        return "followed"
 
     # -- partition discovery -----------------------------------------------------------------
 
@@ -323,10 +376,14 @@ class DelayLevelSyncerService:
             consumer.acknowledge(msg)
             return
         outcome = forwarder.cancel(seq, lambda: consumer.acknowledge(msg))
-        log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
         if outcome == "too-late":
-            # Already forwarded: the near-term index has it under a position we do not know.
+            # Already forwarded: the tombstone goes to the writer (acked once it is sent; a
+            # crash before that redelivers the cancel and the tombstone is sent again, harmlessly).
+            outcome = self._cancel_forwarded(forwarder, seq)
             consumer.acknowledge(msg)
+        log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
+        if outcome == "followed":
+            self.cancels_followed += 1
 
     # -- metrics and health ----------------------------------------------------------------
 
@@ -336,6 +393,7 @@ class DelayLevelSyncerService:
             "pulsar_delay_level_forwarded_total": sum(f.stats.forwarded for f in self.forwarders),
             "pulsar_delay_level_dead_lettered_total": sum(f.stats.dead_lettered for f in self.forwarders),
             "pulsar_delay_level_cancelled_total": sum(f.stats.cancelled for f in self.forwarders),
+            "pulsar_delay_level_cancels_followed_total": self.cancels_followed,
             "pulsar_delay_level_duplicates_total": sum(f.stats.duplicates for f in self.forwarders),
             "pulsar_delay_level_partitions": len(self.forwarders),
             "pulsar_delay_level_near_term_backlog": self.gate.backlog,
@@ -353,6 +411,11 @@ class DelayLevelSyncerService:
             if time.monotonic() >= next_record:
                 next_record += self.cfg.metrics_interval_seconds
                 self._record_metrics()
+            if self._tombstones is not None and self.trail.due(self.clock()):
+                try:
+                    self._take_checkpoint()
+                except Exception as exc:  # only late cancels depend on it; retried next round
+                    log.warning("event=delay_level_checkpoint_failed topic=%s error=%r", self.cfg.delay_level_topic, exc)
         # Stopped by a failure (not by stop()): ask for a rebuild (the function sends a wake tick).
         if not self._stopped and self.on_failure is not None:
             try:
@@ -395,5 +458,7 @@ class DelayLevelSyncerService:
                 log.warning("event=delay_level_consumer_close_failed error=%r", exc)
         for p in self._publishers:
             p.close(timeout_s=timeout_s)
+        if self._tombstones is not None:
+            self._tombstones.close()
         if self.admin is not None:
             self.admin.close()
