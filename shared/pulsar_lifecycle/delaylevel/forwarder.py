@@ -84,6 +84,8 @@ class _Held:
     props: Dict[str, str]
     due: int
     parked: Optional[Parked]  # None: malformed (`error` says why), dead-lettered
+    seq: int  # the forward's sequence id (from the source position)
+    ref: str  # the source position, "<ledger>:<entry>[:<batch>]"
     error: str = ""
 
 
@@ -170,22 +172,25 @@ class PartitionForwarder:
     def _hold(self, msg: pulsar.Message) -> None:
         """Read a message's properties once and compute its forward time; a malformed parked
         message is due now (it is dead-lettered)."""
-        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * msg.message_id().batch_index():
+        mid = msg.message_id()  # read once: each accessor is a call into the client
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
+        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
             # queue can leave the next syncer with nothing on this partition (producer.py).
             self._warned_batch = True
             log.warning("event=delay_level_batch_exceeds_half_queue partition=%s batch_index=%d receiver_queue=%d "
                         "hint='producers should batch at most receiverQueueSize/2 messages (pulsar-lite stalls "
-                        "a restarted consumer otherwise)'", self.topic, msg.message_id().batch_index(),
+                        "a restarted consumer otherwise)'", self.topic, batch,
                         self.policy.receiver_queue_size)
         props = msg.properties()
         try:
             p = parse_parked(props, self.k)
         except ParkedMessageError as exc:
-            self._held.append(_Held(msg, props, 0, None, str(exc)))
+            self._held.append(_Held(msg, props, 0, None, seq, ref, str(exc)))
             return
         due = forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
-        self._held.append(_Held(msg, props, due, p))
+        self._held.append(_Held(msg, props, due, p, seq, ref))
 
     def _step(self) -> None:
         if not self._held:
@@ -230,15 +235,16 @@ class PartitionForwarder:
         not_found: List[_Pending] = []
         with self._lock:
             for held in batch:
-                msg = held.msg
-                mid = msg.message_id()
-                seq = sequence_id(mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                cancel = self._cancels.pop(seq, None)
-                # Cancels of positions this batch passes without meeting them: the target is gone.
-                for missing in [s for s in self._cancels if s < seq]:
-                    log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
-                    not_found.append(self._cancels.pop(missing))
-                self._claimed = max(self._claimed, seq)
+                msg, seq = held.msg, held.seq
+                cancel = None
+                if self._cancels:
+                    cancel = self._cancels.pop(seq, None)
+                    # Cancels of positions this batch passes without meeting them: the target is gone.
+                    for missing in [s for s in self._cancels if s < seq]:
+                        log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
+                        not_found.append(self._cancels.pop(missing))
+                if seq > self._claimed:
+                    self._claimed = seq
                 if cancel is not None:
                     dropped.append((msg, cancel))
                     continue
@@ -258,10 +264,15 @@ class PartitionForwarder:
             cancel.ack()
             self.stats.cancelled += 1
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
-        dropped_ids = {id(d) for d, _ in dropped}
-        for held in batch:
-            if id(held.msg) not in dropped_ids:
-                self.consumer.acknowledge(held.msg)
+        ack = self.consumer.acknowledge
+        if dropped:
+            dropped_ids = {id(d) for d, _ in dropped}
+            for held in batch:
+                if id(held.msg) not in dropped_ids:
+                    ack(held.msg)
+        else:
+            for held in batch:
+                ack(held.msg)
         for pending in not_found:
             pending.ack()
         self._done = max(self._done, self._claimed)
@@ -278,7 +289,7 @@ class PartitionForwarder:
         msg, parked = held.msg, held.parked
         props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
         props[ORIGIN_PARTITION_PROP] = self.topic
-        props[ORIGIN_MSG_ID_PROP] = _ref(msg)
+        props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None
         event_time = msg.event_timestamp() or None
         if parked is None:
@@ -290,7 +301,7 @@ class PartitionForwarder:
         if reason:
             props.update({k: v for k, v in held.props.items() if k in (BASE_PROP, LEVEL_PROP)})  # kept for diagnosis
             props[ERROR_PROP] = reason
-            log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, _ref(msg), reason)
+            log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, held.ref, reason)
             return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"
         assert parked is not None
         if self.policy.near_term_topic is not None:
