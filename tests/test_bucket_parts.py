@@ -9,9 +9,9 @@ from pulsar_lifecycle.bucket import BucketConfig, DelayedMessage, MemorySnapshot
 from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
 from pulsar_lifecycle.bucket.codec import (
     decode_framed,
+    encode_item,
     encode_journal_add,
     encode_journal_cancel,
-    encode_item,
     index_key,
     make_item,
     parse_segment,

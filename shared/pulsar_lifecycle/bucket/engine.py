@@ -51,7 +51,6 @@ from .manifest import manifest_bytes
 from .merge import merge_window, write_merged
 from .metrics import OpMetrics
 from .mutable_bucket import MutableBucket
-from .recovery import RecoveryCounters, read_cursor, read_manifest, recover_bucket, replay_journal
 from .records import (
     MAX_ENTRY_ID,
     MAX_U64,
@@ -62,6 +61,7 @@ from .records import (
     Release,
     ReleaseKey,
 )
+from .recovery import RecoveryCounters, read_cursor, read_manifest, recover_bucket, replay_journal
 from .sealing import pulsar_seal_due
 from .segments import CutSegment, cut_segments, snapshot_metadata_bytes
 from .shared_queue import SharedBucketQueue

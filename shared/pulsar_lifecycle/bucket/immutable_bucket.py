@@ -59,7 +59,7 @@ class ImmutableBucket:
     snapshot_length: int
     index_count: int
     cur: int = 0  # index of the current (loaded or to-load) segment; == nseg when drained
-    seg: Optional[Any] = None  # decoded SnapshotSegment of `cur`
+    seg: Any = None  # decoded SnapshotSegment of `cur`; None while not loaded
     pos: int = 0  # next index in `seg`
     remaining: int = 0  # unreleased items
     last_key: Optional[ReleaseKey] = None  # key of the bucket's last item, when known
