@@ -10,14 +10,13 @@ from typing import List
 
 import pulsar
 import pytest
-
 from pulsar_lifecycle.dedup import (
     PRODUCER_PROPERTY,
     SEQUENCE_PROPERTY,
     DedupPublisher,
     DedupSnapshot,
-    OutMessage,
     Outcome,
+    OutMessage,
     PublishError,
     PublishResult,
     SequenceError,
