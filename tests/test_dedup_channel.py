@@ -8,6 +8,7 @@ from typing import List
 
 import pulsar
 import pytest
+
 from pulsar_lifecycle.dedup.channel import Outcome, PendingSend, PublishError, PublishResult, TopicChannel
 from pulsar_lifecycle.dedup.sequence_map import SequenceMap
 from pulsar_lifecycle.state.directory import DirectoryStateStore

@@ -10,13 +10,14 @@ from typing import List
 
 import pulsar
 import pytest
+
 from pulsar_lifecycle.dedup import (
     PRODUCER_PROPERTY,
     SEQUENCE_PROPERTY,
     DedupPublisher,
     DedupSnapshot,
-    Outcome,
     OutMessage,
+    Outcome,
     PublishError,
     PublishResult,
     SequenceError,
