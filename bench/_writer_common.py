@@ -32,7 +32,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 import yaml
@@ -305,16 +305,23 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # -- the helper processes ----------------------------------------------------------------------------
-def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str, max_seconds: float) -> None:
-    """Consume -> produce, acking after the publish is confirmed; until SIGINT/SIGTERM or max_seconds."""
+def _pipe_start(service_url: str, output_topic: str) -> Tuple[threading.Event, pulsar.Client, pulsar.Producer]:
+    """What both pipes start with: a stop event set by SIGINT/SIGTERM, a client with the runtime's
+    settings and a producer with the runtime's output producer settings (runtime/instance.py,
+    dedup/publisher.py)."""
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     client = make_client(ClientSettings(service_url))
-    # The runtime's output producer settings (runtime/instance.py, dedup/publisher.py).
     producer = client.create_producer(output_topic, block_if_queue_full=True, batching_enabled=True,
                                       batching_max_publish_delay_ms=10, send_timeout_millis=0,
                                       compression_type=pulsar.CompressionType.LZ4)
+    return stop, client, producer
+
+
+def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str, max_seconds: float) -> None:
+    """Consume -> produce, acking after the publish is confirmed; until SIGINT/SIGTERM or max_seconds."""
+    stop, client, producer = _pipe_start(service_url, output_topic)
 
     def listener(consumer: pulsar.Consumer, msg: pulsar.Message) -> None:
         props = dict(msg.properties())
@@ -349,13 +356,7 @@ def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subs
     """Consume -> produce in batches: batch_receive, sends without per-message callbacks, one callback
     per batch on its last send (a producer completes its sends in order, so its success completes the
     batch), the batch's acks after it. Until SIGINT/SIGTERM or max_seconds."""
-    stop = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: stop.set())
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    client = make_client(ClientSettings(service_url))
-    producer = client.create_producer(output_topic, block_if_queue_full=True, batching_enabled=True,
-                                      batching_max_publish_delay_ms=10, send_timeout_millis=0,
-                                      compression_type=pulsar.CompressionType.LZ4)
+    stop, client, producer = _pipe_start(service_url, output_topic)
     consumer = client.subscribe(input_topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
                                 initial_position=pulsar.InitialPosition.Earliest,
                                 receiver_queue_size=2 * BATCH_PIPE_MESSAGES,
@@ -417,18 +418,13 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("pipe")
-    p.add_argument("--service-url", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--subscription", required=True)
-    p.add_argument("--max-seconds", type=float, default=900.0)
-    b = sub.add_parser("batched-pipe")
-    b.add_argument("--service-url", required=True)
-    b.add_argument("--input", required=True)
-    b.add_argument("--output", required=True)
-    b.add_argument("--subscription", required=True)
-    b.add_argument("--max-seconds", type=float, default=900.0)
+    for kind in ("pipe", "batched-pipe"):
+        p = sub.add_parser(kind)
+        p.add_argument("--service-url", required=True)
+        p.add_argument("--input", required=True)
+        p.add_argument("--output", required=True)
+        p.add_argument("--subscription", required=True)
+        p.add_argument("--max-seconds", type=float, default=900.0)
     q = sub.add_parser("paced")
     q.add_argument("--service-url", required=True)
     q.add_argument("--topic", required=True)
