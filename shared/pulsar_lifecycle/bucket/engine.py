@@ -375,6 +375,8 @@ class BucketIndex:
         if w is not None:
             while i < n and bucket.seg_max[i] < w[0]:
                 i += 1
+        if i < n and (w is None or bucket.seg_min[i] > w[0]):
+            return self._recover_lazily(bucket, i, bitmaps, counts)
         while i < n:
             # A segment whose max timestamp equals the watermark's may end at or before it:
             # fetch the next one in the same call so recovery stays one read per bucket.
@@ -411,6 +413,25 @@ class BucketIndex:
         if bucket.cur == n - 1:
             bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
         heapq.heappush(self._heap, (*index_key(seg.indexes[bucket.pos]), bid))
+        return bucket
+
+    def _recover_lazily(self, bucket: _Bucket, first: int, bitmaps: List[Dict[int, BitMap]],
+                        counts: array) -> _Bucket:
+        """A bucket whose segments from `first` on all lie after the watermark: nothing of it
+        was released, so its pending items are exactly those segments' bitmaps, and its first
+        segment is read only when its placeholder reaches the top of the heap (_load_current),
+        as after a segment is drained. Recovery then reads no segment of such buckets: a writer
+        started on a seeded store of N buckets would otherwise hold N decoded segments before
+        its first release."""
+        bucket.cur = first
+        later: Dict[int, list] = {}
+        for k in range(first, bucket.nseg):
+            for ledger, bm in bitmaps[k].items():
+                later.setdefault(ledger, []).append(bm)
+            bucket.remaining += counts[k]
+        for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
+            self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
+        heapq.heappush(self._heap, (bucket.seg_min[first], _PLACEHOLDER, _PLACEHOLDER, bucket.bucket_id))
         return bucket
 
     def _replay_journal(self, records: List[Tuple[int, bytes]], counters: Dict[str, int]) -> int:
