@@ -74,6 +74,7 @@ from .records import (
     ReleaseKey,
 )
 from .sealing import pulsar_seal_due
+from .memory import release_free_memory
 from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata_bytes
 from .storage import BucketSnapshotStorage, StorageError
 
@@ -253,6 +254,7 @@ class BucketIndex:
         with self._write_lock:
             report = self._recover_locked()
             self._hand_off_obsolete()
+        release_free_memory()  # recovery's transient decoding would otherwise stay in the RSS
         logger.info(
             "recovered bucket index: %d buckets, %d pending, %d journal records, %d metadata + %d segment "
             "reads (%d bytes), committed seq %d, %.1f ms",
