@@ -202,6 +202,7 @@ def main() -> None:
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
     ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
+    ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
@@ -233,16 +234,17 @@ def main() -> None:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
         return
-    with JobProgress(spark, "verify") as progress:
-        ver = run_verify(spark, str(work / "seeded"), config, progress=progress)
-    results["verify"] = {"seconds": ver.seconds, "indexes_per_s": ver.items_per_s, "ok": ver.ok}
-    print(f"verify: {ver.items:,} indexes in {ver.seconds} s = {ver.items_per_s:,.0f}/s ok={ver.ok}", flush=True)
-    with JobProgress(spark, "verify --against") as progress:
-        vag = run_verify(spark, str(work / "seeded"), config, against=[str(work / "export")], opts=opts,
-                         progress=progress)
-    results["verify_against"] = {"seconds": vag.seconds, "rows_per_s": round(args.rows / vag.seconds),
-                                 "ok": vag.ok, "found": vag.against["found"] if vag.against else None}
-    print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
+    if not args.skip_verify:
+        with JobProgress(spark, "verify") as progress:
+            ver = run_verify(spark, str(work / "seeded"), config, progress=progress)
+        results["verify"] = {"seconds": ver.seconds, "indexes_per_s": ver.items_per_s, "ok": ver.ok}
+        print(f"verify: {ver.items:,} indexes in {ver.seconds} s = {ver.items_per_s:,.0f}/s ok={ver.ok}", flush=True)
+        with JobProgress(spark, "verify --against") as progress:
+            vag = run_verify(spark, str(work / "seeded"), config, against=[str(work / "export")], opts=opts,
+                             progress=progress)
+        results["verify_against"] = {"seconds": vag.seconds, "rows_per_s": round(args.rows / vag.seconds),
+                                     "ok": vag.ok, "found": vag.against["found"] if vag.against else None}
+        print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
     spark.stop()
 
     if not args.skip_baseline:
