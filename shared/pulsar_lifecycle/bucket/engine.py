@@ -405,13 +405,7 @@ class BucketIndex:
         for ledger, entries in loaded.items():
             self._pending.add_many(ledger, entries)
         bucket.remaining = len(seg.indexes) - bucket.pos
-        later: Dict[int, list] = {}
-        for k in range(bucket.cur + 1, n):
-            for ledger, bm in bitmaps[k].items():
-                later.setdefault(ledger, []).append(bm)
-            bucket.remaining += counts[k]
-        for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
-            self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
+        self._pending_from_bitmaps(bucket, bucket.cur + 1, bitmaps, counts)
         if bucket.cur == n - 1:
             bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
         heapq.heappush(self._heap, (*index_key(seg.indexes[bucket.pos]), bid))
@@ -426,6 +420,14 @@ class BucketIndex:
         started on a seeded store of N buckets would otherwise hold N decoded segments before
         its first release."""
         bucket.cur = first
+        self._pending_from_bitmaps(bucket, first, bitmaps, counts)
+        heapq.heappush(self._heap, (bucket.seg_min[first], _PLACEHOLDER, _PLACEHOLDER, bucket.bucket_id))
+        return bucket
+
+    def _pending_from_bitmaps(self, bucket: _Bucket, first: int, bitmaps: List[Dict[int, BitMap]],
+                              counts: array) -> None:
+        """Segments `first`.. of `bucket` are unreleased: their index-id bitmaps join the pending
+        set and their counts the bucket's remaining items."""
         later: Dict[int, list] = {}
         for k in range(first, bucket.nseg):
             for ledger, bm in bitmaps[k].items():
@@ -433,8 +435,6 @@ class BucketIndex:
             bucket.remaining += counts[k]
         for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
             self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
-        heapq.heappush(self._heap, (bucket.seg_min[first], _PLACEHOLDER, _PLACEHOLDER, bucket.bucket_id))
-        return bucket
 
     def _replay_journal(self, records: List[Tuple[int, bytes]], counters: Dict[str, int]) -> int:
         w = self._committed_key
