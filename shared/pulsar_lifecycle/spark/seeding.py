@@ -2,8 +2,9 @@
 
 No PySpark here (the Spark job in seed.py calls these functions inside applyInArrow), and no
 format of its own: rows go through the writer's classifier, items through the engine's
-encode_framed/release_ts, segments through the engine's cutting rule (cut_bounds) and segment
-builder (make_segment), the snapshot through the storage interface. A fresh index gives an item added before anything was released the
+index_fields/release_ts (encode_segment: one protobuf call per segment), segments through the
+engine's cutting rule (cut_bounds) and segment builder (make_segment), the snapshot through the
+storage interface. A fresh index gives an item added before anything was released the
 release-key timestamp release_ts(deliver_at, FRESH_FLOOR), which is what the engine would write.
 """
 from __future__ import annotations
