@@ -61,6 +61,7 @@ class ForwardPolicy:
     target_exists: Optional[Callable[[str], bool]]  # None = no check (no admin API / onMissingTarget=forward)
     wait_for_room: Callable[[threading.Event], None]  # back-pressure: returns when the writer can take more
     clock: Callable[[], int]
+    receiver_queue_size: int = 0  # the partition consumers' queue (0: unknown; only for the batch-size warning)
 
 
 @dataclass
@@ -109,7 +110,9 @@ class PartitionForwarder:
         self._held: Deque[_Held] = deque()
         self._lock = threading.Lock()
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
+        self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
+        self._warned_batch = False
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -122,6 +125,17 @@ class PartitionForwarder:
                 return "too-late"
             self._cancels[seq] = _Pending(ack)
             return "pending"
+
+    @property
+    def claimed(self) -> int:
+        """Highest sequence id taken for forwarding (a forward of a higher one is published later)."""
+        with self._lock:
+            return self._claimed
+
+    @property
+    def done(self) -> int:
+        """Highest sequence id whose batch is published and acked (or dropped by a cancel)."""
+        return self._done
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -156,6 +170,14 @@ class PartitionForwarder:
     def _hold(self, msg: pulsar.Message) -> None:
         """Read a message's properties once and compute its forward time; a malformed parked
         message is due now (it is dead-lettered)."""
+        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * msg.message_id().batch_index():
+            # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
+            # queue can leave the next syncer with nothing on this partition (producer.py).
+            self._warned_batch = True
+            log.warning("event=delay_level_batch_exceeds_half_queue partition=%s batch_index=%d receiver_queue=%d "
+                        "hint='producers should batch at most receiverQueueSize/2 messages (pulsar-lite stalls "
+                        "a restarted consumer otherwise)'", self.topic, msg.message_id().batch_index(),
+                        self.policy.receiver_queue_size)
         props = msg.properties()
         try:
             p = parse_parked(props, self.k)
@@ -242,6 +264,7 @@ class PartitionForwarder:
                 self.consumer.acknowledge(held.msg)
         for pending in not_found:
             pending.ack()
+        self._done = max(self._done, self._claimed)
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1
