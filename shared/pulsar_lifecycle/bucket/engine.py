@@ -48,6 +48,7 @@ from .config import BucketConfig
 from .immutable_bucket import ImmutableBucket
 from .keys import bucket_key
 from .manifest import manifest_bytes
+from .memory import release_free_memory
 from .merge import merge_window, write_merged
 from .metrics import OpMetrics
 from .mutable_bucket import MutableBucket
@@ -165,6 +166,7 @@ class BucketIndex:
         with self._write_lock:
             report = self._recover_locked()
             self._snapshots.hand_off_obsolete()
+        release_free_memory()  # recovery's transient decoding would otherwise stay in the RSS
         logger.info(
             "recovered bucket index: %d buckets, %d pending, %d journal records, %d metadata + %d segment "
             "reads (%d bytes), committed seq %d, %.1f ms",
@@ -198,7 +200,8 @@ class BucketIndex:
                 if bucket is None:
                     exhausted.append((ref.bucket_id, ref.bucket_key))
                     continue
-                self._queue.push(bucket.head())
+                # A bucket recovered lazily (nothing loaded) waits in the queue as a placeholder.
+                self._queue.push(bucket.head() if bucket.seg is not None else bucket.placeholder())
                 self._buckets.append(bucket)
                 self._by_id[bucket.bucket_id] = bucket
             journal = replay_journal(records, self._journal_cut, self._committed_key, self._seen, self._pending,

@@ -120,7 +120,7 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     counters.metadata += 1
     counters.bytes += len(raw)
     meta = parse(SnapshotMetadata, raw, f"bucket {bid} metadata")
-    bitmaps = []
+    bitmaps: List[Dict[int, BitMap]] = []
     counts = array("Q")
     for i, sm in enumerate(meta.metadata_list):
         per_ledger = {}
@@ -153,6 +153,8 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     if w is not None:
         while i < n and bucket.seg_max[i] < w[0]:
             i += 1
+    if i < n and (w is None or bucket.seg_min[i] > w[0]):
+        return _recover_lazily(bucket, i, bitmaps, counts, pending)
     while i < n:
         # A segment whose max timestamp equals the watermark's may end at or before it:
         # fetch the next one in the same call so recovery stays one read per bucket.
@@ -178,14 +180,34 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     for ledger, entries in loaded.items():
         pending.add_many(ledger, entries)
     bucket.remaining = len(seg.indexes) - bucket.pos
+    _pending_from_bitmaps(bucket, bucket.cur + 1, bitmaps, counts, pending)
+    return bucket
+
+
+def _recover_lazily(bucket: ImmutableBucket, first: int, bitmaps: List[Dict[int, BitMap]], counts: array,
+                    pending: LedgerBitmaps) -> ImmutableBucket:
+    """A bucket whose segments from `first` on all lie after the watermark: nothing of it
+    was released, so its pending items are exactly those segments' bitmaps, and its first
+    segment is read only when its placeholder reaches the top of the queue (load_current),
+    as after a segment is drained. Recovery then reads no segment of such buckets: a writer
+    started on a seeded store of N buckets would otherwise hold N decoded segments before
+    its first release. (The index queues its placeholder: `seg` stays None.)"""
+    bucket.cur = first
+    _pending_from_bitmaps(bucket, first, bitmaps, counts, pending)
+    return bucket
+
+
+def _pending_from_bitmaps(bucket: ImmutableBucket, first: int, bitmaps: List[Dict[int, BitMap]], counts: array,
+                          pending: LedgerBitmaps) -> None:
+    """Segments `first`.. of `bucket` are unreleased: their index-id bitmaps join the pending
+    set and their counts the bucket's remaining items."""
     later: Dict[int, list] = {}
-    for k in range(bucket.cur + 1, n):
+    for k in range(first, bucket.nseg):
         for ledger, bm in bitmaps[k].items():
             later.setdefault(ledger, []).append(bm)
         bucket.remaining += counts[k]
     for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
         pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
-    return bucket
 
 
 def replay_journal(records: List[Tuple[int, bytes]], journal_cut: int, watermark: Optional[ReleaseKey],
