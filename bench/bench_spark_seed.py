@@ -143,6 +143,30 @@ def same_bytes(a: Path, b: Path) -> Dict[str, int]:
     return {"compared": same + differ, "identical": same}
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and every live descendant (the driver,
+    Spark's JVM and its Python workers): the work a run cost, whatever else ran on the machine."""
+    children: Dict[int, List[int]] = {}
+    times: Dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def rss_kb(pid: int) -> int:
     """VmRSS of a process in kB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -221,13 +245,15 @@ def main() -> None:
 
     spark = get_spark("local[2]", "bench-seed", **{"spark.driver.memory": "4g"})
     spark.range(10).count()  # session warm, not counted
+    cpu0 = tree_cpu_s(os.getpid())
     with JobProgress(spark, "seed") as progress:
         seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+    results["seed_cpu_s"] = round(tree_cpu_s(os.getpid()) - cpu0, 1)
     results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
                        "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
-          f"= {seed.rows_per_s:,.0f} rows/s", flush=True)
+          f"= {seed.rows_per_s:,.0f} rows/s; CPU of all Spark processes {results['seed_cpu_s']} s", flush=True)
     if args.seed_only:
         spark.stop()
         print(json.dumps(results, indent=2))
