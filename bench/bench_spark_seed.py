@@ -213,6 +213,26 @@ def recover_first_release(store: Path) -> Dict[str, Any]:
             "rss_growth_mb": round((rss_kb(os.getpid()) - before) / 1024, 1), "bytes_read": report.bytes_read}
 
 
+def executor_cpu(work: Path, rows: int) -> None:
+    """CPU time per row of what one Spark task does for one bucket (no Spark, no writes)."""
+    from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
+    from pulsar_lifecycle.spark.seed import ROW_COLUMNS
+    from pulsar_lifecycle.spark.seeding import build_bucket
+
+    shutil.rmtree(work, ignore_errors=True)
+    generate(work / "export", rows, max(1, rows // 50_000), 24 * HOUR_MS, int(time.time() * 1000), 1)
+    config, opts = writer_settings(str(wc.WRITER_CONFIG), None)
+    table = pq.read_table(work / "export").select(list(ROW_COLUMNS))
+    runs = []
+    for _ in range(3):
+        t0 = time.process_time()
+        build = build_bucket(table, config, opts, LedgerBitmaps())
+        runs.append((time.process_time() - t0) / rows * 1e6)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"executor side: {rows:,} rows -> {build.items:,} items, {len(build.segments)} segments; CPU per row "
+          f"{', '.join(f'{r:.2f}' for r in runs)} us (median {sorted(runs)[1]:.2f} us)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -227,10 +247,16 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
     ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--executor-rows", type=int, default=0,
+                    help="Only time the executor side (seeding.build_bucket) on one bucket of this many rows, "
+                         "in this process, in CPU time (3 runs).")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
         print(json.dumps(recover_first_release(Path(args.recover_only))))
+        return
+    if args.executor_rows:
+        executor_cpu(Path(args.workdir), args.executor_rows)
         return
     args.ledgers = args.ledgers or max(1, args.rows // 50_000)
     work = Path(args.workdir)
