@@ -48,10 +48,12 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
-# Stall watchdog (pulsar-lite): an idle consumer checks, with a backoff from STALL_CHECK_S to
-# STALL_CHECK_MAX_S, whether the partition holds messages beyond the last one it received, and
-# re-subscribes if so; before it received anything it re-subscribes at most BLIND_RESUBSCRIBES times.
-STALL_CHECK_S = 2.0
+# Stall watchdog (pulsar-lite): an idle consumer checks (at its first idle receive after a
+# message, then with a backoff from STALL_CHECK_S to STALL_CHECK_MAX_S) whether the partition holds
+# messages beyond the last one it received, and re-subscribes if so; before it received anything
+# (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
+STALL_CHECK_S = 0.5
+BLIND_WAIT_S = 2.0
 STALL_CHECK_MAX_S = 60.0
 BLIND_RESUBSCRIBES = 3
 MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
@@ -129,7 +131,7 @@ class PartitionForwarder:
         self._resubscribe = resubscribe
         self._last_seen: Optional[Tuple[int, int]] = None  # (ledger, entry) of the last message received
         self._check_interval = STALL_CHECK_S
-        self._next_check = time.monotonic() + STALL_CHECK_S
+        self._next_check = time.monotonic() + BLIND_WAIT_S
         self._blind = 0
         self.resubscribed = 0
         self._queue = receiver_queue_size or policy.receiver_queue_size or 200  # the current consumer's queue
@@ -218,8 +220,10 @@ class PartitionForwarder:
                 self.stats.next_forward_at = 0
                 self._watch_for_stall()
                 return
+            # Once messages flow, a stall is checked for at the first idle receive: a stalled
+            # partition is due (its head was), and the lookahead is the whole margin.
             self._check_interval = STALL_CHECK_S
-            self._next_check = time.monotonic() + STALL_CHECK_S
+            self._next_check = 0.0
             self._hold(msg)
         due = self._held[0].due
         self.stats.next_forward_at = due
