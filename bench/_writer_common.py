@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence
 import pulsar
 import yaml
 
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.runtime.broker import free_port  # noqa: F401 - re-exported for the benchmarks
 from pulsar_lifecycle.runtime.client import ClientSettings, make_client, quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP

@@ -32,7 +32,7 @@ from typing import Callable, Dict, List, Tuple
 
 import pulsar
 
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 

@@ -58,6 +58,6 @@ def s3_server() -> Iterator[str]:
 
 def s3_client(endpoint: str):
     """A boto3 client for the moto server, reached over the network like a real endpoint."""
-    from pulsar_lifecycle.storage.s3 import make_s3_client
+    from pulsar_lifecycle.deletion.storage.s3 import make_s3_client
 
     return make_s3_client(endpoint, "us-east-1", **S3_CREDS)

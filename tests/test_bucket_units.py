@@ -29,7 +29,7 @@ from pulsar_lifecycle.bucket.codec import (
 )
 from pulsar_lifecycle.bucket.keys import bucket_key, is_bucket_key, parse_bucket_key
 from pulsar_lifecycle.bucket.merge_policy import select_merge_window
-from pulsar_lifecycle.bucket.protocol import (
+from pulsar_lifecycle.scheduling_protocol import (
     CANCEL_PROP,
     DELIVER_AT_PROP,
     ORIGIN_MSG_ID_PROP,

@@ -8,7 +8,7 @@ import pulsar
 import pytest
 
 from helpers import drain
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP, MessageRef
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
@@ -76,7 +76,10 @@ def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, un
         props = m.properties()
         i = props["k"]
         assert props[DELIVER_AT_PROP] == str(at)
-        assert props[ORIGIN_MSG_ID_PROP] == f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}"
+        # The whole position of the scheduling message, batch index 0 included (issue 9 defect b:
+        # DelayedProducer batches, so this was "<ledger>:<entry>:<partition>" without the ":0").
+        assert props[ORIGIN_MSG_ID_PROP] == MessageRef(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index()).format()
+        assert MessageRef.parse(props[ORIGIN_MSG_ID_PROP]).batch_index == mid.batch_index()
         assert m.partition_key() == f"key{i}" and m.event_timestamp() == 1_000_000 + int(i)
         assert int(props[RELEASED_AT_PROP]) >= at, f"released {at - int(props[RELEASED_AT_PROP])} ms early"
     assert arrival >= max(at for at, _ in sent.values())

@@ -10,7 +10,7 @@ import pulsar
 import pytest
 
 from helpers import drain
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, DelayTooLongError, PartitionBy, ShrinkRefusedError
 from pulsar_lifecycle.delaylevel.admin import AdminView

@@ -17,7 +17,7 @@ from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.storage.admin import PulsarAdminClient
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 
 pytestmark = pytest.mark.integration
 

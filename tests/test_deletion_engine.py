@@ -5,16 +5,17 @@ import pytest
 
 from deletion_support import admin_server, bookie_server, req  # noqa: F401
 from pulsar_lifecycle.deletion.codec import encode
-from pulsar_lifecycle.deletion.engine import Action, DeletionEngine, Outcome
+from pulsar_lifecycle.deletion.engine import Action, DeletionEngine
+from pulsar_lifecycle.deletion.engine import DeletionOutcome as Outcome
 from pulsar_lifecycle.deletion.metrics import DeletionMetrics
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
 from pulsar_lifecycle.deletion.oracle import ComponentOracle, InternalStatsOracle, SnapshotManifestOracle
 from pulsar_lifecycle.deletion.routing import StorageRouter
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
-from pulsar_lifecycle.storage.admin import PulsarAdminClient
-from pulsar_lifecycle.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from pulsar_lifecycle.storage.snapshot import SnapshotStoreStorage
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from pulsar_lifecycle.deletion.storage.snapshot import SnapshotStoreStorage
 from servers.bookie_http_server import pulsar_metadata
 
 T = "public/default/t-partition-0"

@@ -7,12 +7,12 @@ import pytest
 
 from deletion_support import admin_server, bookie_server, req, s3_client, s3_server  # noqa: F401
 from pulsar_lifecycle.deletion.model import InvalidRequestError, LedgerComponent, LedgerType, TopicRef
-from pulsar_lifecycle.storage.admin import PulsarAdminClient, ledger_ids_from_internal_stats
-from pulsar_lifecycle.storage.base import DeleteResult, OwnershipStatus, StorageError
-from pulsar_lifecycle.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from pulsar_lifecycle.storage.filesystem import FileSystemOffloadStorage
-from pulsar_lifecycle.storage.s3 import S3OffloadStorage, object_keys
-from pulsar_lifecycle.storage.snapshot import SnapshotStoreStorage
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient, ledger_ids_from_internal_stats
+from pulsar_lifecycle.deletion.ports import DeleteResult, OwnershipStatus, StorageError
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from pulsar_lifecycle.deletion.storage.filesystem import FileSystemOffloadStorage
+from pulsar_lifecycle.deletion.storage.s3 import S3OffloadStorage, object_keys
+from pulsar_lifecycle.deletion.storage.snapshot import SnapshotStoreStorage
 from servers.bookie_http_server import BookieHttpServer, pulsar_metadata
 
 T = "public/default/orders-partition-0"
@@ -137,7 +137,7 @@ def test_s3_offload_storage(s3_server):  # noqa: F811
 
 
 def test_s3_unreachable_is_transient():
-    from pulsar_lifecycle.storage.s3 import make_s3_client
+    from pulsar_lifecycle.deletion.storage.s3 import make_s3_client
 
     client = make_s3_client("http://127.0.0.1:9", "us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     st = S3OffloadStorage(client, default_bucket="b")

@@ -9,7 +9,7 @@ import pytest
 
 from deletion_support import admin_server, bookie_server, s3_client, s3_server  # noqa: F401
 from pulsar_lifecycle.bucket.codec import Manifest
-from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
 from pulsar_lifecycle.spark.orphans_enqueue import NotEnqueueable, enqueue_orphans, to_request
 from pulsar_lifecycle.spark.orphans_model import (

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers import drain, wait_for
-from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
 from pulsar_lifecycle.deletion.codec import decode
 from pulsar_lifecycle.deletion.model import LedgerComponent
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config

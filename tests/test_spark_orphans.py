@@ -162,7 +162,7 @@ def test_snapshot_store_against_its_manifest(spark, tmp_path):
     import os
 
     from pulsar_lifecycle.bucket.codec import Manifest
-    from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+    from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
     from pulsar_lifecycle.spark.orphans_sources import SnapshotManifestInUse, SnapshotStoreListing
 
     root = tmp_path / "snap"

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import quote
 
 from ..dedup.publisher import normalize_topic
-from ..storage.base import StorageError
-from ..storage.http import HttpEndpoints
+from ..deletion.ports import StorageError
+from ..deletion.storage.http import HttpEndpoints
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler.positions import format_message_ref
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+from ..scheduling_protocol import format_message_ref
 from ..timing.delayed_producer import DelayedProducer, now_ms
 from .rule import (
     BASE_PROP,

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler import positions
+from ..scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..bucket import positions
 from .errors import ParkedMessageError
 
 __all__ = [

@@ -11,8 +11,8 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP
-from ..bucket.protocol import ProtocolError, parse_cancel_target
+from ..scheduling_protocol import CANCEL_PROP
+from ..scheduling_protocol import ProtocolError, parse_cancel_target
 from ..dedup.publisher import DedupPublisher
 from ..state.base import StateStore
 from .admin import AdminView, retention_problems, split_topic

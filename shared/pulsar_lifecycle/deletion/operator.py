@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..storage.admin import PulsarAdminClient
+from .admin import PulsarAdminClient
 from .codec import decode, encode
 from .model import InvalidRequestError, LedgerComponent, LedgerType, PendingDeleteLedgerInfo, TopicRef
 from .service import LedgerDeletionService

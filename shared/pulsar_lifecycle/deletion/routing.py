@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..storage.base import LedgerStorage
+from .ports import LedgerStorage
 from .model import InvalidRequestError, LedgerComponent, LedgerType, PendingDeleteLedgerInfo
 
 S3_DRIVERS = frozenset({"s3", "aws-s3", "aliyun-oss", "s3-compatible"})

@@ -14,7 +14,7 @@ from typing import Dict, Mapping, Optional, Union
 
 import pulsar
 
-from ..storage.admin import PulsarAdminClient
+from .admin import PulsarAdminClient
 from ..timing import DelayedProducer
 from .codec import encode
 from .metrics import DeletionMetrics

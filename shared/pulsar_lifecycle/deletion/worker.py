@@ -17,11 +17,11 @@ from typing import Any, Dict, Mapping, Optional
 import pulsar
 
 from ..runtime.context_api import pulsar_client
-from ..storage.admin import PulsarAdminClient
-from ..storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from ..storage.filesystem import FileSystemOffloadStorage
-from ..storage.s3 import S3OffloadStorage, make_s3_client
-from ..storage.snapshot import SnapshotStoreStorage
+from .admin import PulsarAdminClient
+from .storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from .storage.filesystem import FileSystemOffloadStorage
+from .storage.s3 import S3OffloadStorage, make_s3_client
+from .storage.snapshot import SnapshotStoreStorage
 from ..timing import DelayedProducer, now_ms
 from .config import DeletionConfig
 from .engine import Action, Decision, DeletionEngine

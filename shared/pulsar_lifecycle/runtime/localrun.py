@@ -28,10 +28,9 @@ from .client import ClientSettings, make_client
 from .context import FunctionIdentity, LocalContext
 from .instance import FunctionInstance
 from .metrics import FunctionMetrics
+from ..scheduling_protocol import TICK_PROP
 
 log = logging.getLogger(__name__)
-
-TICK_PROP = "__pl_tick__"
 
 
 def check_reachable(service_url: str, timeout: float = 5.0) -> None:

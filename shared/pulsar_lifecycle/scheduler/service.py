@@ -23,18 +23,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
+from ..scheduling_protocol import BATCH_INDEX_PROP, ERROR_PROP, ORIGIN_MSG_ID_PROP, RELEASED_AT_PROP, MessageRef
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
 from ..dedup.publisher import DedupPublisher, OutMessage
 from ..durable import DurableWriteError
-from . import positions
+from ..bucket import positions
 from .config import WriterConfig
 from .intake import Cancel, Invalid
 
 log = logging.getLogger(__name__)
-ERROR_PROP = "__pl_error__"
-RELEASED_AT_PROP = "__pl_released_at__"
 # Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
 # batch was not acked and is redelivered. Pulsar exports the count as
 # pulsar_function_user_metric__count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
@@ -320,8 +318,10 @@ class SchedulerService:
             target = m.target or self.default_target
             props = dict(m.properties)
             entry, batch = positions.decode(m.entry_id)
-            origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
-            props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
+            # Index ids give batch index 0 to non-batched messages too; intake marks a real 0.
+            if props.pop(BATCH_INDEX_PROP, None) is None and batch == 0:
+                batch = -1
+            props[ORIGIN_MSG_ID_PROP] = MessageRef(m.ledger_id, entry, m.partition, batch).format()
             props[RELEASED_AT_PROP] = released_at
             out = by_topic.get(target)
             if out is None:

@@ -23,9 +23,10 @@ import threading
 import time
 from typing import Any, Optional, Tuple
 
+from ..scheduling_protocol import TICK_PROP
+
 log = logging.getLogger(__name__)
 
-TICK_PROP = "__pl_tick__"  # the same property the local runner's ticks carry
 
 Position = Tuple[int, int, int, int]  # (ledger, entry, partition, batch index) of a tick
 

@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
 
-from ..bucket.protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, ProtocolError, parse_deliver_at
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, ProtocolError, parse_deliver_at
 from ..scheduler.intake import Intake, classify
 
 EXPORT_SCHEMA = pa.schema([

@@ -24,7 +24,7 @@ from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
 from ..bucket.sealing import plan_ledger_buckets, seal_threshold
 from ..bucket.storage import BucketSnapshotStorage
-from ..bucket_protocol import CANCEL_PROP
+from ..scheduling_protocol import CANCEL_PROP
 from ..scheduler.index_identity import seq_base_for_new_index
 from ..scheduler.intake import Cancel
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row

@@ -31,7 +31,7 @@ from ..bucket.codec import (
     parse_segment,
 )
 from ..bucket.config import BucketConfig
-from ..bucket.storage import BucketSnapshotStorage, StorageError
+from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
 from ..scheduler.intake import Cancel
 from .backlog import ClassifyOptions, as_properties, classify_row
 from .checks import (
@@ -197,8 +197,6 @@ def _seen_for(ledgers: List[int], seen: Dict[int, bytes], start: int, end: int) 
 def _journal(storage: BucketSnapshotStorage, url: str, report: VerifyReport) -> Tuple[LedgerBitmaps, LedgerBitmaps, bool]:
     """(journal item positions, journal cancels, read?) - read only when no writer holds the store
     (reading a live directory journal could race with its appends)."""
-    from ..scheduler.factory import lock_exclusively
-
     items, cancels = LedgerBitmaps(), LedgerBitmaps()
     path = store_dir(url)
     fh = None

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler.positions import format_message_ref
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+from ..scheduling_protocol import format_message_ref
 
 BACKENDS = ("broker", "scheduler")
 MAX_TIME_MS = 2**63 - 1  # Pulsar's deliverAtTime is a Java long

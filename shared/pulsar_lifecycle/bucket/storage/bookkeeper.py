@@ -28,9 +28,9 @@ import threading
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..state.base import StateError
-from ..state.bk_table import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, BookKeeperTable
-from .storage import (
+from ...state.base import StateError, table_namespace
+from ...state.bk_table import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, BookKeeperTable
+from .base import (
     SnapshotNotFoundError,
     StorageError,
     check_bucket_id,
@@ -105,8 +105,6 @@ class BookKeeperTableSnapshotStorage:
         if table is None:
             if not service_url:
                 raise ValueError("BookKeeperTableSnapshotStorage needs a service_url ('bk://host:port') or a table")
-            from ..state.base import table_namespace
-
             try:
                 table = BookKeeperTable(service_url, table_namespace(tenant, namespace), table_name,
                                         connect_timeout=connect_timeout, op_timeout=op_timeout)
