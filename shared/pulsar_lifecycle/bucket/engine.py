@@ -76,6 +76,7 @@ from .records import (
 from .sealing import pulsar_seal_due
 from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata_bytes
 from .storage import BucketSnapshotStorage, StorageError
+from ..clock import wall_clock_ms
 
 logger = logging.getLogger(__name__)
 
@@ -94,11 +95,6 @@ class EngineFailedError(RuntimeError):
 
 class NotRecoveredError(RuntimeError):
     """recover() must be called (once) before the engine is used."""
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch."""
-    return int(time.time() * 1000)
 
 
 @dataclass(eq=False)

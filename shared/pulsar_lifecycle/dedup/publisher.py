@@ -34,6 +34,7 @@ from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tup
 import pulsar
 
 from ..state.base import StateStore
+from ..topics import TopicName
 from .recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, RecoveryError, TailStats, position_of, read_tail
 from .sequence_map import (
     DEFAULT_MAX_PRODUCERS,
@@ -92,17 +93,7 @@ def snapshot_key(producer_name: str, topic: str) -> str:
 
 def normalize_topic(topic: str) -> str:
     """Pulsar's full topic name: `t` and `tenant/ns/t` get `persistent://` (and public/default)."""
-    if not isinstance(topic, str) or not topic.strip():
-        raise ValueError(f"topic must be a non-empty str, got {topic!r}")
-    topic = topic.strip()
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    if len(parts) == 3:
-        return f"persistent://{topic}"
-    raise ValueError(f"invalid topic name {topic!r}: expected 'name', 'tenant/ns/name' or 'persistent://...'")
+    return TopicName.from_client(topic).full_name
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Errors of the delay-level package."""
 from __future__ import annotations
+from ..exceptions import PulsarLifecycleError
 
 
-class DelayLevelError(Exception):
+class DelayLevelError(PulsarLifecycleError):
     """Base of the errors this package raises on purpose."""
 
 

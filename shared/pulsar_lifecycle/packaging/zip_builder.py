@@ -19,6 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Collection, Dict, List, Optional, Sequence, Tuple, Union
+from ..exceptions import PulsarLifecycleError
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ _PIP_TIMEOUT_S = 900
 _IGNORED_SRC = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
 
 
-class PackagingError(RuntimeError):
+class PackagingError(PulsarLifecycleError, RuntimeError):
     """Building a function zip or wheel failed; the message names the step and the cause."""
 
 

@@ -11,7 +11,6 @@ import fcntl
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Dict, List, Optional
 
 import pulsar
 
+from ..clock import wall_clock_ms
 from ..state import open_state_store
 from ..state.base import StateStore
 from ..durable import atomic_write
@@ -204,7 +204,7 @@ class LocalRunner:
         def run() -> None:
             while not self._stop.wait(interval):
                 try:
-                    producer.send_async(b"tick", None, properties={TICK_PROP: str(int(time.time() * 1000))})
+                    producer.send_async(b"tick", None, properties={TICK_PROP: str(wall_clock_ms())})
                 except Exception as exc:  # the client may be closing
                     log.debug("event=tick_failed topic=%s error=%r", topic, exc)
         self._ticker = threading.Thread(target=run, name="localrun-ticker", daemon=True)

@@ -27,6 +27,7 @@ from ..scheduling_protocol import BATCH_INDEX_PROP, ERROR_PROP, ORIGIN_MSG_ID_PR
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
 from ..dedup.publisher import DedupPublisher, OutMessage
+from ..clock import Clock, wall_clock_ms
 from ..durable import DurableWriteError
 from ..bucket import positions
 from .config import WriterConfig
@@ -49,11 +50,6 @@ def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def now_ms() -> int:
-    """Wall clock in ms: deliver-at times are wall-clock instants."""
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -134,8 +130,9 @@ class SchedulerService:
     def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
                  resources: Optional[List[Any]] = None,
-                 source_factory: Optional[Callable[[], IntakeSource]] = None) -> None:
+                 source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms) -> None:
         self.engine = engine
+        self.clock = clock  # deliver-at times are wall-clock instants; tests may inject a FakeClock
         self.publisher = publisher
         self.config = config
         self.default_target = default_target
@@ -248,7 +245,7 @@ class SchedulerService:
             if batch is None:
                 batch = self._source.take()
             if batch is None or not batch.items:
-                self.engine.maybe_seal(now_ms())
+                self.engine.maybe_seal(self.clock())
                 continue
             adds = [p.item for p in batch.items if type(p.item) is DelayedMessage]
             if adds:
@@ -263,7 +260,7 @@ class SchedulerService:
                         self._send_invalid(p)
             batch.ack()
             self.received += len(batch.items)
-            self.engine.maybe_seal(now_ms())
+            self.engine.maybe_seal(self.clock())
             with self._wake:
                 self._wake.notify_all()
 
@@ -282,7 +279,7 @@ class SchedulerService:
         last_commit = time.monotonic()
         last_metrics = 0.0
         while not self._stop.is_set():
-            releases = self.engine.pop_due(now_ms(), self.config.release_batch_size)
+            releases = self.engine.pop_due(self.clock(), self.config.release_batch_size)
             if releases:
                 self._publish_round(releases)
             now = time.monotonic()
@@ -299,7 +296,7 @@ class SchedulerService:
             if nxt is not None:
                 # A due head that pop_due did not return is held back by an intake batch being
                 # made durable: wait a moment instead of spinning.
-                wait = min(wait, max(0.001, (nxt - now_ms()) / 1000.0))
+                wait = min(wait, max(0.001, (nxt - self.clock()) / 1000.0))
             wait = min(wait, self.config.commit_interval_millis / 1000.0) if self._outstanding else wait
             if wait > 0:
                 with self._wake:
@@ -308,7 +305,7 @@ class SchedulerService:
     def _publish_round(self, releases: List[Release]) -> None:
         """Publish one round of releases, grouped per target topic (seqs stay increasing per topic)."""
         by_topic: Dict[str, List[OutMessage]] = {}
-        released_at = str(now_ms())  # a batch's publish_timestamp is when the batch opened, not this
+        released_at = str(self.clock())  # a batch's publish_timestamp is when the batch opened, not this
         for r in releases:
             if r.cancelled:
                 self._outstanding.append((r.seq, None))

@@ -7,9 +7,10 @@ integers kept apart from values, and a missing key reads as None.
 from __future__ import annotations
 
 from typing import Optional, Protocol, runtime_checkable
+from ..exceptions import PulsarLifecycleError
 
 
-class StateError(RuntimeError):
+class StateError(PulsarLifecycleError, RuntimeError):
     """A state backend could not be reached or answered with an error."""
 
 
