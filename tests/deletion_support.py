@@ -1,4 +1,4 @@
-"""Fixtures and builders shared by the test_deletion_* modules (import with `from deletion_support import ...`)."""
+"""Fixtures (registered in conftest.py) and request builders shared by the deletion tests."""
 from __future__ import annotations
 
 import os

@@ -250,14 +250,14 @@ def test_no_upward_imports() -> None:
     upward = [f"{e.source}:{e.line} ({LAYERS[layer_of(e.source)][0].split(':')[0]}) imports {e.target} "
               f"({LAYERS[layer_of(e.target)][0].split(':')[0]})"
               for e in edges if layer_of(e.target) > layer_of(e.source)]
-    assert upward == []
+    assert upward == [], "\n".join(upward)
 
 
 def test_function_level_imports_have_a_reason() -> None:
     _, edges = import_graph()
     unlisted = sorted({f"{e.source}:{e.line} imports {e.target} inside a function" for e in edges
                        if e.function_level and e.source not in LAZY_IMPORTS})
-    assert unlisted == []
+    assert unlisted == [], "\n".join(unlisted)
 
 
 def test_engines_know_no_pulsar_io() -> None:
@@ -271,7 +271,7 @@ def test_engines_know_no_pulsar_io() -> None:
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
             bad += [f"{mod}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "pulsar"]  # type: ignore[attr-defined]
-    assert bad == []
+    assert bad == [], "\n".join(bad)
 
 
 def test_one_name_one_class() -> None:
@@ -284,4 +284,16 @@ def test_one_name_one_class() -> None:
             if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
                 where[node.name].append(mod)
     dupes = {name: ms for name, ms in where.items() if len(ms) > 1 and name not in SAME_NAME_ALLOWED}
-    assert dupes == {}
+    assert dupes == {}, "\n".join(f"{n}: {ms}" for n, ms in dupes.items())
+
+
+def test_no_test_module_imports_another() -> None:
+    tests_dir = Path(__file__).resolve().parent
+    bad = []
+    for path in sorted(tests_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(tests_dir)}:{node.lineno} imports {n}"  # type: ignore[attr-defined]
+                    for n in names if n.split(".")[-1].startswith("test_")]
+    assert bad == [], "helpers belong in fixture/support modules: " + "; ".join(bad)
