@@ -160,5 +160,5 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     # asserted, so exactly-once and never-early (asserted above) gate CI.
     if too_late:
         warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}")
+                      f"e.g. {too_late[:5]}", stacklevel=2)
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages

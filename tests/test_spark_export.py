@@ -50,7 +50,7 @@ def _send(client: pulsar.Client, topic: str, deliver_at: List[int],
         dp.flush()
     finally:
         dp.close()
-    for at, mid in ids:
+    for _at, mid in ids:
         sent[(mid.ledger_id(), mid.entry_id(), mid.batch_index())] = mid
     assert len(sent) == len(deliver_at)
     return sent

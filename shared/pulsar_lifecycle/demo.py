@@ -11,7 +11,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import click
 import pulsar
@@ -180,7 +180,9 @@ def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> 
                            initial_position=pulsar.InitialPosition.Earliest)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy)
     delays = {"in-1s": 1000, "in-4.5s": 4500, "in-8s": 8000, "in-13s": 13000}
-    sent, forwarded, released = {}, {}, {}
+    sent: Dict[str, Any] = {}
+    forwarded: Dict[str, Any] = {}
+    released: Dict[str, Any] = {}
     try:
         _wait_started(writer)
         _wait_started(syncer)

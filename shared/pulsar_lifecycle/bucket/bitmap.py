@@ -153,4 +153,4 @@ class LedgerBitmaps:
 
     def size_in_bytes(self) -> int:
         """Serialized size (an estimate of the memory the bitmaps hold)."""
-        return sum(bm.get_serialized_size_in_bytes() for bm in self._maps.values())
+        return sum(bm.get_serialized_size_in_bytes() for bm in self._maps.values())  # type: ignore[attr-defined]  # pyroaring's stub lacks it

@@ -92,6 +92,7 @@ class SegmentCutter:
         return self._close() if self._frames else None
 
     def _close(self) -> CutSegment:
+        assert self._first is not None and self._last is not None  # set by the first add of a segment
         meta = SnapshotSegmentMetadata(
             max_schedule_timestamp=self._last[0], min_schedule_timestamp=self._first[0]
         )

@@ -103,7 +103,7 @@ def _running_platform_tags() -> List[str]:
     try:
         from packaging.tags import sys_tags
     except ModuleNotFoundError:  # pip always vendors packaging
-        from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef]
+        from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef,assignment]
     seen: List[str] = []
     for tag in sys_tags():
         if tag.platform not in seen:

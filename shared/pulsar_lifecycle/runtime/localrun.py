@@ -52,7 +52,7 @@ def prepare_data_dir(path: Path) -> None:
     except (FileExistsError, NotADirectoryError):
         raise DataDirError(f"--data-dir {path}: a parent of it is a regular file, not a directory") from None
     except OSError as exc:
-        raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})") from None
+        raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})") from None
     probe = path / ".write-probe"
     try:
         atomic_write(probe, b"ok")

@@ -55,12 +55,14 @@ class BucketSnapshotStorage(Protocol):
                         topic: str, cursor: str) -> int:
         """Write a whole snapshot durably; returns its bucket id."""
 
-    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str) -> SnapshotWriter:
-        """Start a snapshot to be written segment by segment (allocates the bucket id).
+    def begin_snapshot(self, bucket_key: str, topic: str, cursor: str,
+                       bucket_id: Optional[int] = None) -> SnapshotWriter:
+        """Start a snapshot to be written segment by segment: under a new bucket id, or under
+        `bucket_id` from `reserve_bucket_ids(count)` (the offline seeder writes snapshots from
+        several processes under ids its driver reserved)."""
 
-        The backends also take `bucket_id=` (an id from `reserve_bucket_ids(count)`, which
-        reserves consecutive ids durably): the offline seeder writes snapshots from several
-        processes under ids its driver reserved."""
+    def reserve_bucket_ids(self, count: int) -> int:
+        """Durably reserve `count` consecutive bucket ids for begin_snapshot(bucket_id=...); returns the first."""
 
     def get_metadata(self, bucket_id: int) -> bytes:
         """Entry 0 (SnapshotMetadata bytes)."""
@@ -89,6 +91,13 @@ class BucketSnapshotStorage(Protocol):
 
     def snapshot_info(self, bucket_id: int) -> Mapping[str, object]:
         """What was recorded with the snapshot (bucket key, topic, cursor); SnapshotNotFoundError if absent."""
+
+    # -- index identity (scheduler/index_identity.py) -------------------------------------------
+    def get_index_id(self) -> Optional[str]:
+        """The id of the index this store holds, or None before the first put."""
+
+    def put_index_id(self, index_id: str) -> None:
+        """Record the index id."""
 
     # -- manifest and cursor ------------------------------------------------------------------
     def get_manifest(self) -> Optional[bytes]:

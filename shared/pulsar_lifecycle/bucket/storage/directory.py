@@ -93,6 +93,7 @@ class _DirWriter:
             meta_entry = self._write(bytes(metadata))
             info_offset = self._offset
             table = b"".join(_ENTRY.pack(*e) for e in [meta_entry] + self._entries)
+            assert self._fh is not None, "finish() after abort()"
             self._fh.write(self._info + table + _TRAILER.pack(len(self._entries) + 1, len(self._info),
                                                               info_offset, _SNAP_MAGIC))
             fh, self._fh = self._fh, None
