@@ -8,13 +8,13 @@ strategy's maximum raises DelayTooLongError: nothing is silently dropped or clam
 """
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
 from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
+from ..producers import ProducerPool
 from ..scheduling_protocol import format_message_ref
 from ..timing.delayed_producer import DelayedProducer, now_ms
 from .rule import (
@@ -76,22 +76,14 @@ class DelayLevelProducer:
         self.delay_level_topic = delay_level_topic or default_delay_level_topic(topic)
         self.enabled = enabled
         self.clock = clock
-        self._batch_delay_ms = batching_max_publish_delay_ms
-        self._max_pending = max_pending_messages
-        self._producers: Dict[str, pulsar.Producer] = {}
-        self._lock = threading.Lock()
+        # Batched like the writer's producers: pulsar-lite dispatches unbatched messages
+        # about 100x more slowly, and the syncer's sequence ids include the batch index.
+        self._producers = ProducerPool(client, batching_enabled=True, block_if_queue_full=True,
+                                       batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+                                       max_pending_messages=max_pending_messages)
 
     def _producer(self, topic: str) -> pulsar.Producer:
-        with self._lock:
-            prod = self._producers.get(topic)
-            if prod is None:
-                # Batched like the writer's producers: pulsar-lite dispatches unbatched messages
-                # about 100x more slowly, and the syncer's sequence ids include the batch index.
-                prod = self.client.create_producer(topic, batching_enabled=True, block_if_queue_full=True,
-                                                   batching_max_publish_delay_ms=self._batch_delay_ms,
-                                                   max_pending_messages=self._max_pending)
-                self._producers[topic] = prod
-            return prod
+        return self._producers.get(topic)
 
     def _route(self, deliver_at_ms: Optional[int], delay_ms: Optional[int]) -> Tuple[int, int, Optional[int]]:
         """(deliver-at, now, partition or None)."""
@@ -177,19 +169,9 @@ class DelayLevelProducer:
 
     def flush(self) -> None:
         """Wait until every message sent so far is confirmed or failed."""
-        with self._lock:
-            producers = list(self._producers.values())
-        for prod in producers:
-            prod.flush()
+        self._producers.flush()
         self.near_term.flush()
 
     def close(self) -> None:
         """Flush and close the producers this object opened (not the near-term path's)."""
-        with self._lock:
-            producers, self._producers = list(self._producers.values()), {}
-        for prod in producers:
-            try:
-                prod.flush()
-                prod.close()
-            except pulsar.PulsarException:  # closing is best effort; the client may be gone
-                pass
+        self._producers.close()
