@@ -42,7 +42,7 @@ def test_an_empty_key_is_no_key_and_a_past_deliver_at_is_still_scheduled():
     ({DELIVER_AT_PROP: str(NOW), TARGET_PROP: "persistent://other/ns/t"}, "allowedTargetPrefix"),
     ({CANCEL_PROP: "12"}, "__pl_cancel__"),
     ({CANCEL_PROP: "1:2:x"}, "__pl_cancel__"),
-    ({CANCEL_PROP: f"1:{positions.MAX_ENTRY_ID + 1}"}, "position range"),
+    ({CANCEL_PROP: f"1:{positions.MAX_INDEXABLE_ENTRY_ID + 1}"}, "position range"),
 ])
 def test_bad_input_is_refused_with_a_reason_naming_the_problem(props, reason):
     item = run(props)
@@ -51,7 +51,7 @@ def test_bad_input_is_refused_with_a_reason_naming_the_problem(props, reason):
 
 
 def test_a_position_beyond_the_index_range_is_refused():
-    item = run({DELIVER_AT_PROP: str(NOW)}, position=(7, positions.MAX_ENTRY_ID + 1, -1, -1))
+    item = run({DELIVER_AT_PROP: str(NOW)}, position=(7, positions.MAX_INDEXABLE_ENTRY_ID + 1, -1, -1))
     assert isinstance(item, Invalid) and "position range" in item.reason
 
 

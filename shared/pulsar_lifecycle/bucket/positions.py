@@ -11,9 +11,8 @@ from typing import Optional, Tuple
 
 from .records import BATCH_BITS, MAX_BATCH_INDEX, MAX_INDEXABLE_ENTRY_ID, index_id, split_index_id
 
-MAX_ENTRY_ID = MAX_INDEXABLE_ENTRY_ID  # the largest entry id an index id can hold
 
-__all__ = ["BATCH_BITS", "MAX_BATCH_INDEX", "MAX_ENTRY_ID", "encode", "decode"]
+__all__ = ["BATCH_BITS", "MAX_BATCH_INDEX", "MAX_INDEXABLE_ENTRY_ID", "encode", "decode"]
 
 
 def encode(entry_id: int, batch_index: int) -> Optional[int]:

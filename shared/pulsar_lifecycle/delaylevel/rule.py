@@ -77,7 +77,7 @@ def sequence_id(ledger_id: int, entry_id: int, batch_index: int) -> int:
     low = positions.encode(entry_id, batch_index)
     if low is None or not 0 <= ledger_id < _LEDGER_LIMIT:
         raise ParkedMessageError(f"position {ledger_id}:{entry_id}:{batch_index} does not fit a sequence id "
-                                 f"(ledger < 2**31 - 1, entry <= {positions.MAX_ENTRY_ID}, "
+                                 f"(ledger < 2**31 - 1, entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, "
                                  f"batch index <= {positions.MAX_BATCH_INDEX})")
     return ((ledger_id << 32) | low) + 1
 

@@ -54,7 +54,7 @@ def classify(
     index_entry = positions.encode(entry, batch_index)
     if index_entry is None:
         return Invalid(f"message {ledger}:{entry}:{batch_index} is beyond the index's position range "
-                       f"(entry <= {positions.MAX_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
+                       f"(entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
     try:
         if CANCEL_PROP in properties:
             lid, eid, bidx = parse_cancel_target(properties[CANCEL_PROP])
