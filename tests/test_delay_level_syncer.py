@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 import pulsar
 import pytest
 
-from helpers import drain
+from helpers import drain, receive_payloads, shipped_writer_spec, wait_for
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, DelayTooLongError, PartitionBy, ShrinkRefusedError
@@ -20,6 +20,7 @@ from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import ORIGIN_MSG_ID_PROP, ORIGIN_PARTITION_PROP, partition_topic
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.state.directory import DirectoryStateStore
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from servers.pulsar_admin_server import PulsarAdminServer
@@ -208,3 +209,61 @@ def test_two_instances_split_the_partitions_and_each_applies_its_cancels(env):
     assert second.metrics()["pulsar_delay_level_cancelled_total"] == 1
     with pytest.raises(ValueError, match="instance id 2 is outside userConfig instances=2"):
         env.start(instances=2, instance=2)
+
+
+def test_partitions_appended_by_a_grown_strategy_are_read_without_a_restart(env):
+    # The syncer reads 10 partitions (20 s); a producer whose maximum grew to 40 s parks in 13.
+    topics, client = env.topics, env.client
+    service = env.start(partitionDiscoverySeconds=1, lookaheadMillis=30_000)  # forward as soon as read
+    grown = make_producer(client, topics, max_s=40)
+    try:
+        far = grown.send(b"far", delay_ms=28_500)
+        assert far.partition == 13
+        got = drain(client, topics["sched"], "check", expect=1, timeout=10)
+    finally:
+        grown.close()
+    assert [m.data() for m in got] == [b"far"]
+    assert got[0].properties()[ORIGIN_PARTITION_PROP] == far.topic
+    assert service.partitions == 14 and [f.k for f in service.forwarders][10:] == [10, 11, 12, 13]
+    service.stop()
+    # Remembered: a restart with the old strategy is refused while the new partitions hold messages.
+    grown = make_producer(client, topics, max_s=40)
+    try:
+        assert grown.send(b"later", delay_ms=26_500).partition == 12
+    finally:
+        grown.close()
+    with pytest.raises(ShrinkRefusedError, match="from 14 to 10 partitions: partition 12 still holds"):
+        env.start()
+
+
+def test_cancel_after_the_forward_reaches_the_writers_index(broker, tmp_path, unique):
+    # Issue 11 gap 2: the cancel follows the message wherever it is. Here it was already
+    # forwarded (and indexed by a real writer) when the cancel came: the writer must drop it.
+    spec, sched = shipped_writer_spec(unique[-12:], "dlcx", snapshotDir=str(tmp_path / "snapshots"))
+    business = spec.output
+    topics = {"business": business, "sched": sched}
+    client = quiet_client(broker.service_url)
+    runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path / "w")).start()
+    producer = make_producer(client, topics)
+    released = client.subscribe(business, "check", consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest)
+    watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest)
+    service = make_service(client, tmp_path, topics, lookaheadMillis=3500)  # forwards 0.5 s after sending
+    try:
+        kept = producer.send(b"kept", delay_ms=4200)
+        gone = producer.send(b"gone", delay_ms=4300)
+        assert kept.partition == gone.partition == 1
+        forwards = receive_payloads(watch, 2, timeout=5)  # both forwarded (and indexed) long before due
+        assert sorted(forwards) == ["gone", "kept"]
+        producer.cancel(gone)
+        assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancels_followed_total"] == 1, timeout=8)
+        tombstones = receive_payloads(watch, 1, timeout=3)
+        got = receive_payloads(released, 2, timeout=8)  # both due by now; only one may come
+        got += receive_payloads(released, 1, timeout=1)
+    finally:
+        service.stop()
+        runner.stop()
+        producer.close()
+        client.close()
+    assert tombstones == [""] and got == ["kept"]

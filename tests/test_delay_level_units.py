@@ -183,3 +183,26 @@ def test_partition_count_grows_freely_and_shrinks_only_when_empty():
     assert probed == [15, 16, 17]
     assert check_partition_count(st, 15, lambda k: False) == 20
     assert check_partition_count(st, 15, lambda k: True) == 15
+
+
+def test_forward_trail_finds_the_checkpoint_before_a_forward_and_forgets_old_ones():
+    from pulsar_lifecycle.delaylevel.trail import Checkpoint, ForwardTrail, TrailFormatError
+
+    trail = ForwardTrail(retention_ms=60_000, max_checkpoints=10)
+    assert trail.interval_ms == 6000 and trail.due(0)
+    assert trail.scan_start(0, 5) == (False, None)  # no checkpoint: nothing known
+    trail.add(Checkpoint(1000, None, {0: -1, 1: 7}))
+    trail.add(Checkpoint(8000, (3, 40), {0: 4, 1: 9}))
+    assert not trail.due(13_000) and trail.due(14_000)
+    assert trail.scan_start(0, 5) == (True, (3, 40))  # not claimed at 8 s: published after (3, 40)
+    assert trail.scan_start(0, 4) == (True, None)  # claimed at 8 s, not at 1 s: from the start
+    assert trail.scan_start(1, 8) == (True, None) and trail.scan_start(1, 6) == (False, None)  # 6: before the oldest
+    assert trail.scan_start(2, 1) == (True, (3, 40))  # a partition found later: after the newest
+    trail.add(Checkpoint(70_000, (5, 0), {0: 20}))
+    assert [cp.taken_at_ms for cp in trail.checkpoints] == [8000, 70_000]  # 1 s is past the retention
+    again = ForwardTrail.from_bytes(trail.to_bytes(), 60_000, 10)
+    assert again.checkpoints == trail.checkpoints
+    with pytest.raises(TrailFormatError, match="version"):
+        ForwardTrail.from_bytes(b'{"v": 9, "checkpoints": []}', 60_000)
+    with pytest.raises(TrailFormatError, match="unreadable"):
+        ForwardTrail.from_bytes(b"[", 60_000)

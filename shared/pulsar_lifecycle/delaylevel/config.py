@@ -36,6 +36,7 @@ SYNCER_KEYS: Dict[str, Tuple[str, Any, str]] = {
     "tickMode": ("tick_mode", "hold", "`hold`: only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked); `chain`: the writer's retired name, same as `hold`."),
     "tickTimeMillis": ("tick_time_millis", 1000, "Runner tick period, and the delay of the wake tick a failed syncer sends to be rebuilt."),
     "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delay_level_* metrics are recorded."),
+    "partitionDiscoverySeconds": ("partition_discovery_seconds", 60, "How often the syncer looks for partitions beyond the ones it reads (producers whose maximum delay grew append them): each check probes the next partition's end (one probe subscription, removed again) and starts forwarding it when it holds messages, up to `maxPartitions`; 0 = off (new partitions are read after a restart with the raised strategy)."),
 }
 
 
@@ -67,6 +68,7 @@ class SyncerConfig:
     tick_mode: str = "hold"
     tick_time_millis: int = 1000
     metrics_interval_seconds: int = 10
+    partition_discovery_seconds: int = 60
 
     def __post_init__(self) -> None:
         if not self.delay_level_topic:
@@ -88,7 +90,7 @@ class SyncerConfig:
                      "target_cache_seconds", "backlog_check_interval_millis"):
             if getattr(self, attr) <= 0:
                 raise ConfigError(f"userConfig {_key_of(attr)} must be > 0, got {getattr(self, attr)!r}")
-        for attr in ("lookahead_millis", "max_near_term_backlog", "unit_seconds"):
+        for attr in ("lookahead_millis", "max_near_term_backlog", "unit_seconds", "partition_discovery_seconds"):
             if getattr(self, attr) < 0:
                 raise ConfigError(f"userConfig {_key_of(attr)} must be >= 0, got {getattr(self, attr)!r}")
         self.strategy  # noqa: B018 - builds the strategy now: an unreasonable one is a config error

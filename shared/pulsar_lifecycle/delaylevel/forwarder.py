@@ -108,6 +108,7 @@ class PartitionForwarder:
         self._held: Deque[_Held] = deque()
         self._lock = threading.Lock()
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
+        self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
@@ -121,6 +122,17 @@ class PartitionForwarder:
                 return "too-late"
             self._cancels[seq] = _Pending(ack)
             return "pending"
+
+    @property
+    def claimed(self) -> int:
+        """Highest sequence id taken for forwarding (a forward of a higher one is published later)."""
+        with self._lock:
+            return self._claimed
+
+    @property
+    def done(self) -> int:
+        """Highest sequence id whose batch is published and acked (or dropped by a cancel)."""
+        return self._done
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -241,6 +253,7 @@ class PartitionForwarder:
                 self.consumer.acknowledge(held.msg)
         for pending in not_found:
             pending.ack()
+        self._done = max(self._done, self._claimed)
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1

@@ -14,20 +14,27 @@ import pulsar
 from ..scheduling_protocol import CANCEL_PROP
 from ..scheduling_protocol import ProtocolError, parse_cancel_target
 from ..dedup.publisher import DedupPublisher
+from ..dedup.recovery import last_position
+from ..timing.delayed_producer import DelayedProducer
 from ..state.base import StateStore
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
+from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
+from .trail import Checkpoint, ForwardTrail, TrailFormatError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_partition_count"]
 
 PARTITIONS_KEY = "delay-level/partitions"
-SHRINK_PROBE_MS = 1000
-OPEN_PARALLELISM = 16  # how long a removed partition is probed for a parked message
+TRAIL_KEY = "delay-level/forward-trail"
+FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for its publish to finish
+SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
+OPEN_PARALLELISM = 16  # publishers recovered at once at start
+DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
 
 
 @dataclass
@@ -132,6 +139,15 @@ class DelayLevelSyncerService:
                                 cfg.backlog_check_interval_millis)
         self.retention_problems: List[str] = []
         self._stopped = False
+        self.partitions = self.strategy.partitions  # partitions read: the strategy's, grown by discovery
+        self._policy: Optional[ForwardPolicy] = None
+        self._grow_lock = threading.Lock()  # forwarders are added by discovery while others read the lists
+        self._discover_lock = threading.Lock()  # discovery runs from its loop and from a cancel
+        # Where forwards can be found for cancels that come after them (scheduler backend only):
+        # kept two units + lookahead (a forward waits in the index at most one unit + lookahead).
+        self.trail = ForwardTrail(retention_ms=2 * self.strategy.unit_ms + 2 * cfg.lookahead_millis)
+        self._tombstones: Optional[DelayedProducer] = None
+        self.cancels_followed = 0  # late cancels sent on to the writer as tombstones
         self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
@@ -162,28 +178,23 @@ class DelayLevelSyncerService:
         check_partition_count(self.state, n, self._has_backlog)
         if self.admin is not None:
             self._check_retention()
-        policy = ForwardPolicy(
+        self._policy = ForwardPolicy(
             unit_ms=self.strategy.unit_ms, lookahead_ms=cfg.lookahead_millis, batch_size=cfg.forward_batch_size,
             near_term_topic=cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else None,
             dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock)
         try:
-            for k in self.owned:
-                publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
-                                           snapshot_interval=cfg.dedup_snapshot_interval, max_pending_messages=max(1000, 2 * cfg.forward_batch_size))
-                self._publishers.append(publisher)
-            if policy.near_term_topic is not None:
-                # Recover every partition's dedup map before the first forward; in parallel, since
-                # each recovery probes the topic's end (about 0.5 s on an idle topic).
-                near = policy.near_term_topic
-                with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
-                    list(pool.map(lambda p: p.open(near), self._publishers))
-            for k, publisher in zip(self.owned, self._publishers):
-                topic = partition_topic(cfg.delay_level_topic, k)
-                consumer = self._subscribe(topic, cfg.receiver_queue_size)
-                self._consumers.append(consumer)
-                self.forwarders.append(PartitionForwarder(k, topic, consumer, publisher, policy, self.stop_event))
+            # Recover every partition's dedup map before the first forward; in parallel, since
+            # each recovery probes the topic's end (about 0.5 s on an idle topic).
+            with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
+                publishers = list(pool.map(self._open_publisher, self.owned))
+            for k, publisher in zip(self.owned, publishers):
+                self._add_forwarder(k, publisher)
+            if self._policy.near_term_topic is not None:
+                self._load_trail()
+                self._take_checkpoint()  # before the first forward: every later one is after it
+                self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
             # Every instance reads every cancel (its own subscription) and applies those of its partitions.
             cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
             self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
@@ -192,13 +203,118 @@ class DelayLevelSyncerService:
             raise
         for fw in self.forwarders:
             fw.start()
-        for name, target in (("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)):
+        loops = [("delay-level-cancels", self._cancel_loop), ("delay-level-monitor", self._metrics_loop)]
+        if cfg.partition_discovery_seconds > 0:
+            loops.append(("delay-level-discovery", self._discovery_loop))
+        for name, target in loops:
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
         log.info("event=delay_level_syncer_started topic=%s partitions=%d owned=%d instance=%d strategy=%r backend=%s",
                  cfg.delay_level_topic, n, len(self.owned), self.instance, str(self.strategy), cfg.near_term_backend)
         return self
+
+    def _open_publisher(self, k: int) -> DedupPublisher:
+        """Partition k's forward publisher (stable name `<prefix>-p<k>`), recovered on the near-term topic."""
+        publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
+                                   snapshot_interval=self.cfg.dedup_snapshot_interval,
+                                   max_pending_messages=max(1000, 2 * self.cfg.forward_batch_size))
+        with self._grow_lock:
+            self._publishers.append(publisher)  # closed by stop() even if the open below fails
+        assert self._policy is not None
+        if self._policy.near_term_topic is not None:
+            publisher.open(self._policy.near_term_topic)
+        return publisher
+
+    def _add_forwarder(self, k: int, publisher: DedupPublisher) -> PartitionForwarder:
+        assert self._policy is not None
+        topic = partition_topic(self.cfg.delay_level_topic, k)
+        consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
+        forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event)
+        with self._grow_lock:
+            self._consumers.append(consumer)
+            self.forwarders.append(forwarder)
+        return forwarder
+
+    # -- the forward trail (cancels after the forward) ---------------------------------------
+
+    def _load_trail(self) -> None:
+        raw = self.state.get(TRAIL_KEY)
+        if raw:
+            try:
+                self.trail = ForwardTrail.from_bytes(raw, self.trail.retention_ms, self.trail.max_checkpoints)
+            except TrailFormatError as exc:  # only late cancels of older forwards lose their way
+                log.warning("event=delay_level_trail_unreadable topic=%s error=%s", self.cfg.delay_level_topic, exc)
+
+    def _take_checkpoint(self) -> None:
+        """Record the near-term topic's end, THEN the claims: a forward not claimed at the
+        checkpoint is published after the recorded position."""
+        assert self._policy is not None and self._policy.near_term_topic is not None
+        end = last_position(self.client, self._policy.near_term_topic)
+        claimed = {f.k: f.claimed for f in list(self.forwarders)}
+        self.trail.add(Checkpoint(self.clock(), (end.ledger_id, end.entry_id) if end else None, claimed))
+        self.state.put(TRAIL_KEY, self.trail.to_bytes())
+
+    def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int) -> str:
+        """Follow a cancel whose parked message was already forwarded into the writer's index:
+        find the forward on the scheduling topic and send the writer's tombstone naming it."""
+        near = self._policy.near_term_topic if self._policy else None
+        if near is None or self._tombstones is None:
+            return "too-late"  # broker deliver_at: Pulsar cannot cancel a delayed message
+        found, start = self.trail.scan_start(forwarder.k, seq)
+        if not found:
+            return "released"  # forwarded before the oldest checkpoint: released by now
+        deadline = time.monotonic() + FORWARD_DONE_WAIT_S
+        while forwarder.done < seq and time.monotonic() < deadline and not self.stop_event.is_set():
+            time.sleep(0.05)  # claimed but still being published
+        pos = find_forward(self.client, near, start, forwarder.publisher.producer_name, seq)
+        if pos is None:
+            return "not-forwarded"  # dropped by an earlier cancel, or dead-lettered
+        self._tombstones.cancel(pulsar.MessageId(pos.partition, pos.ledger_id, pos.entry_id, pos.batch_index))
+        log.info("event=delay_level_cancel_followed partition=%d seq=%d forward=%s", forwarder.k, seq, pos)
+        return "followed"
+
+    # -- partition discovery -----------------------------------------------------------------
+
+    def _discovery_loop(self) -> None:
+        while not self.stop_event.wait(self.cfg.partition_discovery_seconds):
+            try:
+                self.discover_partitions()
+            except Exception as exc:  # a failed probe is retried next interval; forwarding goes on
+                log.warning("event=delay_level_discovery_failed topic=%s error=%r", self.cfg.delay_level_topic, exc)
+
+    def discover_partitions(self) -> List[int]:
+        """Read the partitions appended beyond the ones read so far (a grown maximum delay).
+
+        Probes the next DISCOVERY_WINDOW partitions beyond the last one read, in parallel, with
+        the shrink guard's probe (this subscription, a queue of one, closed unacked: it also
+        creates the subscription, so on Pulsar the partition's messages are backlog from then
+        on). A grown strategy appends a contiguous range, so every partition up to the farthest
+        one holding a message is taken; then the next window is probed. Each one found is
+        remembered as the partition count (a restart with the old strategy is refused while it
+        holds messages) and, when this instance owns it, forwarded from now on; up to the
+        strategy's cap. Returns the partitions found."""
+        found: List[int] = []
+        with self._discover_lock:
+            while not self.stop_event.is_set():
+                window = list(range(self.partitions, min(self.partitions + DISCOVERY_WINDOW, self.strategy.max_partitions)))
+                if not window:
+                    break
+                with ThreadPoolExecutor(max_workers=len(window)) as pool:
+                    held = [k for k, has in zip(window, pool.map(self._has_backlog, window)) if has]
+                if not held:
+                    break
+                for k in range(self.partitions, max(held) + 1):
+                    self.partitions = k + 1
+                    self.state.put(PARTITIONS_KEY, str(self.partitions).encode())
+                    found.append(k)
+                    owned = k % self.cfg.instances == self.instance
+                    log.info("event=delay_level_partition_discovered topic=%s partition=%d partitions=%d owned=%s",
+                             self.cfg.delay_level_topic, k, self.partitions, owned)
+                    if owned and not self.stop_event.is_set():
+                        self.owned.append(k)
+                        self._add_forwarder(k, self._open_publisher(k)).start()
+        return found
 
     def _check_retention(self) -> None:
         assert self.admin is not None
@@ -245,8 +361,11 @@ class DelayLevelSyncerService:
         try:
             ledger, entry, batch = parse_cancel_target(props.get(CANCEL_PROP, ""))
             k = int(props.get(CANCEL_PARTITION_PROP, ""))
-            if not 0 <= k < self.strategy.partitions:
-                raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic}")
+            if self.partitions <= k < self.strategy.max_partitions:
+                self.discover_partitions()  # a producer with a grown strategy parked it: look now
+            if not 0 <= k < self.partitions:
+                raise ProtocolError(f"{CANCEL_PARTITION_PROP}={k} is not a partition of {self.cfg.delay_level_topic} "
+                                    f"(partitions read: {self.partitions})")
             seq = sequence_id(ledger, entry, batch)
         except (ProtocolError, ValueError, ParkedMessageError) as exc:
             log.warning("event=delay_level_cancel_invalid msg_id=%s error=%r", msg.message_id(), exc)
@@ -257,10 +376,14 @@ class DelayLevelSyncerService:
             consumer.acknowledge(msg)
             return
         outcome = forwarder.cancel(seq, lambda: consumer.acknowledge(msg))
-        log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
         if outcome == "too-late":
-            # Already forwarded: the near-term index has it under a position we do not know.
+            # Already forwarded: the tombstone goes to the writer (acked once it is sent; a
+            # crash before that redelivers the cancel and the tombstone is sent again, harmlessly).
+            outcome = self._cancel_forwarded(forwarder, seq)
             consumer.acknowledge(msg)
+        log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
+        if outcome == "followed":
+            self.cancels_followed += 1
 
     # -- metrics and health ----------------------------------------------------------------
 
@@ -270,6 +393,7 @@ class DelayLevelSyncerService:
             "pulsar_delay_level_forwarded_total": sum(f.stats.forwarded for f in self.forwarders),
             "pulsar_delay_level_dead_lettered_total": sum(f.stats.dead_lettered for f in self.forwarders),
             "pulsar_delay_level_cancelled_total": sum(f.stats.cancelled for f in self.forwarders),
+            "pulsar_delay_level_cancels_followed_total": self.cancels_followed,
             "pulsar_delay_level_duplicates_total": sum(f.stats.duplicates for f in self.forwarders),
             "pulsar_delay_level_partitions": len(self.forwarders),
             "pulsar_delay_level_near_term_backlog": self.gate.backlog,
@@ -287,6 +411,11 @@ class DelayLevelSyncerService:
             if time.monotonic() >= next_record:
                 next_record += self.cfg.metrics_interval_seconds
                 self._record_metrics()
+            if self._tombstones is not None and self.trail.due(self.clock()):
+                try:
+                    self._take_checkpoint()
+                except Exception as exc:  # only late cancels depend on it; retried next round
+                    log.warning("event=delay_level_checkpoint_failed topic=%s error=%r", self.cfg.delay_level_topic, exc)
         # Stopped by a failure (not by stop()): ask for a rebuild (the function sends a wake tick).
         if not self._stopped and self.on_failure is not None:
             try:
@@ -318,10 +447,10 @@ class DelayLevelSyncerService:
             return
         self._stopped = True
         self.stop_event.set()
+        for t in self._threads:  # discovery first: it may still be adding a forwarder
+            t.join(timeout_s)
         for fw in self.forwarders:
             fw.join(timeout_s)
-        for t in self._threads:
-            t.join(timeout_s)
         for c in self._consumers + ([self._cancel_consumer] if self._cancel_consumer else []):
             try:
                 c.close()
@@ -329,5 +458,7 @@ class DelayLevelSyncerService:
                 log.warning("event=delay_level_consumer_close_failed error=%r", exc)
         for p in self._publishers:
             p.close(timeout_s=timeout_s)
+        if self._tombstones is not None:
+            self._tombstones.close()
         if self.admin is not None:
             self.admin.close()
