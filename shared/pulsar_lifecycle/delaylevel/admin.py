@@ -17,7 +17,7 @@ from urllib.parse import quote
 from ..dedup.publisher import normalize_topic
 from ..deletion.ports import StorageError
 from ..deletion.storage.http import HttpEndpoints
-from ..topics import TopicName
+from ..topics import PARTITION_SUFFIX, TopicName
 from ..ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
@@ -91,7 +91,7 @@ class AdminView:
         full = normalize_topic(topic)
         domain, tenant, namespace, _ = split_topic(full)
         names = self._namespace_topics(domain, tenant, namespace)
-        return full in names or any(n.startswith(full + "-partition-") for n in names)
+        return full in names or any(n.startswith(full + PARTITION_SUFFIX) for n in names)
 
     def forget(self, topic: str) -> None:
         """Drop the cached listing of the topic's namespace (re-read on the next question)."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from ..scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..topics import partition_name
 from ..bucket import positions
 from .errors import ParkedMessageError
 
@@ -55,7 +56,7 @@ def default_delay_level_topic(business_topic: str) -> str:
 
 def partition_topic(delay_level_topic: str, k: int) -> str:
     """Partition k by name, as Pulsar names a partitioned topic's partitions."""
-    return f"{delay_level_topic}-partition-{int(k)}"
+    return partition_name(delay_level_topic, k)
 
 
 def dead_letter_topic(delay_level_topic: str) -> str:

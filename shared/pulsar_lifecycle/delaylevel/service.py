@@ -13,6 +13,7 @@ import pulsar
 
 from ..scheduling_protocol import CANCEL_PROP
 from ..scheduling_protocol import ProtocolError, parse_cancel_target
+from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
 from ..timing.delayed_producer import DelayedProducer
@@ -111,7 +112,7 @@ class DelayLevelSyncerService:
 
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
-                 admin: Optional[AdminView] = None, instance: int = 0, clock: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms) -> None:
         self.cfg = cfg
         self.client = client
         self.subscription = subscription
