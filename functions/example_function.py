@@ -4,15 +4,22 @@ Used by the README's main command and the runtime tests until the real functions
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
+
+from pulsar_lifecycle.example import ExampleConfig
 
 
 class ExampleFunction:
     """Returns `<input>!` (or `<prefix><input>!` with userConfig `prefix`) and counts messages
     in state key `processed` unless userConfig `countProcessed` is false."""
 
+    def __init__(self) -> None:
+        # Kept trivial: Pulsar's runtime silently changes mode if __init__ raises.
+        self.config: Optional[ExampleConfig] = None
+
     def process(self, input: Any, context: Any) -> str:  # noqa: A002 - Pulsar's parameter name
-        prefix = context.get_user_config_value("prefix") or ""
-        if context.get_user_config_value("countProcessed") is not False:
+        if self.config is None:
+            self.config = ExampleConfig.from_user_config(context.get_user_config_map())
+        if self.config.count_processed:
             context.incr_counter("processed", 1)
-        return f"{prefix}{input}!"
+        return f"{self.config.prefix}{input}!"

@@ -282,11 +282,11 @@ def test_config_defaults_and_mapping():
     c2 = BucketConfig.from_mapping({"delayedDeliveryMaxNumBuckets": "-1", "maxSealDelayMillis": 1000,
                                     "max_unacked_per_bucket": 5, "topic": "t"})
     assert (c2.delayed_delivery_max_num_buckets, c2.max_seal_delay_millis, c2.max_unacked_per_bucket) == (-1, 1000, 5)
-    with pytest.raises(ValueError, match="unknown bucket setting 'nope'"):
+    with pytest.raises(ValueError, match="unknown userConfig key 'nope'"):
         BucketConfig.from_mapping({"nope": 1})
     with pytest.raises(ValueError, match="must be an integer"):
         BucketConfig.from_mapping({"maxUnackedPerBucket": "many"})
-    with pytest.raises(ValueError, match="max_unacked_per_bucket must be > 0"):
+    with pytest.raises(ValueError, match="maxUnackedPerBucket must be >= 1, got 0"):
         BucketConfig(max_unacked_per_bucket=0)
     with pytest.raises(ValueError, match="or -1"):
         BucketConfig(delayed_delivery_max_num_buckets=-2)

@@ -120,3 +120,22 @@ def test_shipped_configs_make_specs() -> None:
         assert isinstance(spec, FunctionSpec)
         assert spec.inputs, path
         assert "." in spec.class_name, path
+
+
+def test_function_config_is_declared_once() -> None:
+    """One schema (FUNCTION_CONFIG: field names and types) serves the loader's spec, the field
+    lists and `validate`; every FunctionSpec field names the FunctionConfig field it reads."""
+    from dataclasses import fields
+
+    from pulsar_lifecycle.config import validate
+    from pulsar_lifecycle.config.function_config import FUNCTION_CONFIG, FUNCTION_CONFIG_FIELDS
+
+    assert validate.FUNCTION_CONFIG is FUNCTION_CONFIG
+    assert FUNCTION_CONFIG_FIELDS == tuple(FUNCTION_CONFIG.fields or ())
+    keys = [f.metadata["key"] for f in fields(FunctionSpec)]
+    assert set(keys) <= set(FUNCTION_CONFIG_FIELDS) and len(keys) == len(set(keys))
+    # The spec's type checks follow the schema's types (a bool field refuses a string; an enum is a string).
+    with pytest.raises(FunctionConfigError, match="'retainOrdering' must be bool"):
+        spec_from_config({"className": "m.F", "retainOrdering": "yes"})
+    with pytest.raises(FunctionConfigError, match="'processingGuarantees' must be str"):
+        spec_from_config({"className": "m.F", "processingGuarantees": 1})

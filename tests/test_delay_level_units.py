@@ -145,7 +145,7 @@ def test_config_parsing_and_errors():
     assert cfg.delay_level_topic == "persistent://public/default/dl" and cfg.strategy.partitions == 30
     with pytest.raises(ConfigError, match="unknown userConfig key 'bogus'"):
         parse_syncer_config({"delayLevelTopic": "dl", "schedulingTopic": "s", "bogus": 1})
-    with pytest.raises(ConfigError, match="unitSeconds must be a whole number"):
+    with pytest.raises(ConfigError, match="unitSeconds must be an integer, got 2.5"):
         parse_syncer_config({"delayLevelTopic": "dl", "schedulingTopic": "s", "unitSeconds": 2.5})
     with pytest.raises(ConfigError, match="needs schedulingTopic"):
         parse_syncer_config({"delayLevelTopic": "dl"})

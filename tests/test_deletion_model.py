@@ -152,7 +152,7 @@ def test_config_defaults_and_validation():
     assert (cfg.send_delay_seconds, cfg.reconsume_later_seconds, cfg.max_redeliver_count) == (60, 600, 10)
     assert cfg.ledgers_cache_ttl_seconds == 600 and cfg.topics.parallelism == 4
     assert DeletionConfig.from_user_config({"delayBackend": "broker", "maxRedeliverCount": 5.0}).max_redeliver_count == 5
-    with pytest.raises(ValueError, match="unknown ledger-deletion userConfig keys"):
+    with pytest.raises(ValueError, match="unknown userConfig key 'reconsumeLaterSecond'"):
         DeletionConfig.from_user_config({"delayBackend": "broker", "reconsumeLaterSecond": 5})
     with pytest.raises(ValueError, match="schedulingTopic"):
         DeletionConfig.from_user_config({})

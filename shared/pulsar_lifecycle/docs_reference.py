@@ -1,47 +1,42 @@
-"""Renders the userConfig reference tables of docs/configuration.md from the code's own key lists."""
+"""Renders the userConfig tables of docs/configuration.md from the config classes' fields.
+
+Each table stands between `<!-- userConfig: <className> -->` and `<!-- /userConfig -->`; the prose
+around them is written by hand. `scripts/gen_config_docs.py` rewrites the tables (or, with
+--check, fails when they differ); tests/test_docs_reference.py runs the check.
+"""
 from __future__ import annotations
 
-from dataclasses import fields
+import re
+from pathlib import Path
 from typing import List
 
-from .bucket.config import BucketConfig
-from .delaylevel.config import SYNCER_KEYS
-from .scheduler.config import WRITER_KEYS, bucket_keys
+from .config.settings import settings_table
+from .function_registry import FUNCTIONS
 
-BUCKET_MEANINGS = {
-    "delayed_delivery_min_index_count_per_bucket": "Pulsar's seal rule: seal the mutable bucket at a ledger boundary once it holds this many indexes.",
-    "delayed_delivery_max_time_step_per_bucket_snapshot_segment_seconds": "Segment cut rule: a segment spans at most this many seconds of deliver-at times.",
-    "delayed_delivery_max_indexes_per_bucket_snapshot_segment": "Segment cut rule: at most this many indexes per segment (-1 = unlimited).",
-    "delayed_delivery_max_num_buckets": "Merge adjacent buckets above this many (Pulsar's default -1 never merges; ours is 64, see bucket-format.md).",
-    "max_unacked_per_bucket": "Ours: also seal when the mutable bucket holds this many items (stays under Pulsar's 50,000 unacked-per-consumer cap).",
-    "max_seal_delay_millis": "Ours: also seal when the mutable bucket's oldest item is older than this.",
-}
+__all__ = ["render", "section_table", "stale_sections"]
+
+_SECTION = re.compile(r"(<!-- userConfig: (?P<cls>[\w.]+) -->\n)(?P<body>.*?)(<!-- /userConfig -->)", re.S)
 
 
-def _md(value: object) -> str:
-    return f"`{value}`" if value not in ("", None) else "(empty)"
+def section_table(class_name: str) -> str:
+    """The generated userConfig table of one shipped function (Markdown, no trailing newline)."""
+    entry = next(e for e in FUNCTIONS if e.class_name == class_name)
+    return settings_table(*entry.configs)
 
 
-def writer_table() -> str:
-    """The BucketSnapshotWriter userConfig table (Markdown)."""
-    rows: List[str] = ["| key | default | meaning |", "|---|---|---|"]
-    for key, (_attr, default, meaning) in WRITER_KEYS.items():
-        rows.append(f"| `{key}` | {_md(default)} | {meaning} |")
-    defaults = {f.name: f.default for f in fields(BucketConfig)}
-    for key, attr in bucket_keys().items():
-        rows.append(f"| `{key}` | {_md(defaults[attr])} | {BUCKET_MEANINGS.get(attr, '')} |")
-    return "\n".join(rows)
+def render(doc: str) -> str:
+    """`doc` with every marked table regenerated; a function without a marked section is an error."""
+    found = {m.group("cls") for m in _SECTION.finditer(doc)}
+    missing = [e.class_name for e in FUNCTIONS if e.class_name not in found]
+    if missing:
+        raise ValueError(f"docs/configuration.md has no `<!-- userConfig: ... -->` section for {missing}")
+    return _SECTION.sub(lambda m: f"{m.group(1)}{section_table(m.group('cls'))}\n{m.group(4)}", doc)
 
 
-def syncer_table() -> str:
-    """The DelayLevelSyncer userConfig table (Markdown)."""
-    rows: List[str] = ["| key | default | meaning |", "|---|---|---|"]
-    for key, (_attr, default, meaning) in SYNCER_KEYS.items():
-        rows.append(f"| `{key}` | {_md(default)} | {meaning} |")
-    return "\n".join(rows)
-
-
-if __name__ == "__main__":  # pragma: no cover - `python -m pulsar_lifecycle.docs_reference`
-    print(writer_table())
-    print()
-    print(syncer_table())
+def stale_sections(path: Path) -> List[str]:
+    """The functions whose table in `path` differs from their config class's fields."""
+    doc = path.read_text(encoding="utf-8")
+    fresh = render(doc)
+    old = {m.group("cls"): m.group("body") for m in _SECTION.finditer(doc)}
+    new = {m.group("cls"): m.group("body") for m in _SECTION.finditer(fresh)}
+    return sorted(cls for cls in new if old.get(cls) != new[cls])

@@ -1,23 +1,62 @@
-"""The userConfig keys each shipped function understands, and its extra config checks (used by
-`validate` and the docs test)."""
+"""The shipped functions: their config classes (the userConfig keys each understands) and the
+checks `validate` runs on their configs (used by `validate`, the docs generator and the docs test)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Dict, List, Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
-from .delaylevel.config import all_user_config_keys as syncer_user_config_keys
-from .delaylevel.config import check_function_config as check_syncer_config
-from .deletion.config import DEFAULTS as DELETION_DEFAULTS
-from .scheduler.config import all_user_config_keys, check_function_config
+from .bucket.config import BucketConfig
+from .config.settings import settings_of, user_config_keys
+from .delaylevel.config import SyncerConfig
+from .deletion.config import DeletionConfig
+from .example import ExampleConfig
+from .scheduler.config import WriterConfig, check_writer_inputs
+
+FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
+
+
+@dataclass(frozen=True)
+class FunctionEntry:
+    """One shipped function: entry class, config classes (in docs order), how it builds its
+    config from userConfig, and any check of the rest of its function config."""
+
+    class_name: str
+    configs: Tuple[type, ...]
+    parse: Callable[[Mapping[str, Any]], Any]
+    other_checks: Optional[FunctionCheck] = None
+
+    @property
+    def title(self) -> str:
+        """The entry class's name (the docs section title)."""
+        return self.class_name.rsplit(".", 1)[-1]
+
+    def check(self, cfg: Mapping[str, Any]) -> List[str]:
+        """The problems `validate` reports for a config of this function: its known userConfig
+        values built as the function builds them (unknown keys are reported by the key check)."""
+        raw = cfg.get("userConfig")
+        user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        keys = {k for cls in self.configs for k in settings_of(cls)}
+        problems: List[str] = []
+        try:
+            self.parse({k: v for k, v in user.items() if k in keys})
+        except (ValueError, TypeError) as exc:
+            problems.append(str(exc))
+        return problems + (self.other_checks(cfg) if self.other_checks else [])
+
+
+FUNCTIONS: Tuple[FunctionEntry, ...] = (
+    FunctionEntry("example_function.ExampleFunction", (ExampleConfig,), ExampleConfig.from_user_config),
+    FunctionEntry("bucket_snapshot_writer.BucketSnapshotWriter", (WriterConfig, BucketConfig),
+                  WriterConfig.from_user_config, check_writer_inputs),
+    # Offline, a secret is only named: any name resolves.
+    FunctionEntry("ledger_deletion_worker.LedgerDeletionWorker", (DeletionConfig,),
+                  lambda user: DeletionConfig.from_user_config(user, lambda name: "(offline)")),
+    FunctionEntry("delay_level_syncer.DelayLevelSyncer", (SyncerConfig,), SyncerConfig.from_user_config),
+)
 
 USER_CONFIG_KEYS: Dict[str, Collection[str]] = {
-    "example_function.ExampleFunction": ("prefix", "countProcessed"),
-    "bucket_snapshot_writer.BucketSnapshotWriter": tuple(all_user_config_keys()),
-    "ledger_deletion_worker.LedgerDeletionWorker": tuple(sorted(DELETION_DEFAULTS)),
-    "delay_level_syncer.DelayLevelSyncer": tuple(syncer_user_config_keys()),
+    entry.class_name: tuple(user_config_keys(*entry.configs)) for entry in FUNCTIONS
 }
 
-#: className -> extra checks `validate` runs on a config of that class (one message per problem).
-FUNCTION_CHECKS: Dict[str, Callable[[Mapping[str, Any]], List[str]]] = {
-    "bucket_snapshot_writer.BucketSnapshotWriter": check_function_config,
-    "delay_level_syncer.DelayLevelSyncer": check_syncer_config,
-}
+#: className -> the checks `validate` runs on a config of that class (one message per problem).
+FUNCTION_CHECKS: Dict[str, FunctionCheck] = {entry.class_name: entry.check for entry in FUNCTIONS}

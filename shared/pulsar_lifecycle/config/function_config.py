@@ -10,7 +10,7 @@ nested ``ConsumerConfig``/``ProducerConfig``/``BatchingConfig``/``CryptoConfig``
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
@@ -20,119 +20,6 @@ logger = logging.getLogger(__name__)
 
 # Default serde of the Python runtime when a serde class name is empty.
 DEFAULT_SERDE = "serde.IdentitySerDe"
-
-#: Top-level fields of FunctionConfig, in the order of FunctionConfig.java.
-FUNCTION_CONFIG_FIELDS: Tuple[str, ...] = (
-    "runtimeFlags",
-    "tenant",
-    "namespace",
-    "name",
-    "className",
-    "inputs",
-    "customSerdeInputs",
-    "topicsPattern",
-    "customSchemaInputs",
-    "customSchemaOutputs",
-    "inputSpecs",
-    "inputTypeClassName",
-    "output",
-    "producerConfig",
-    "outputSchemaType",
-    "outputTypeClassName",
-    "outputSerdeClassName",
-    "logTopic",
-    "logLevel",
-    "processingGuarantees",
-    "retainOrdering",
-    "retainKeyOrdering",
-    "batchBuilder",
-    "forwardSourceMessageProperty",
-    "userConfig",
-    "secrets",
-    "runtime",
-    "autoAck",
-    "maxMessageRetries",
-    "deadLetterTopic",
-    "subName",
-    "parallelism",
-    "resources",
-    "fqfn",
-    "windowConfig",
-    "timeoutMs",
-    "jar",
-    "py",
-    "go",
-    "functionType",
-    "cleanupSubscription",
-    "customRuntimeOptions",
-    "maxPendingAsyncRequests",
-    "exposePulsarAdminClientEnabled",
-    "skipToLatest",
-    "subscriptionPosition",
-)
-
-#: ConsumerConfig (value type of ``inputSpecs``).
-CONSUMER_CONFIG_FIELDS: Tuple[str, ...] = (
-    "schemaType",
-    "serdeClassName",
-    "regexPattern",
-    "schemaProperties",
-    "consumerProperties",
-    "receiverQueueSize",
-    "cryptoConfig",
-    "messagePayloadProcessorConfig",
-    "poolMessages",
-)
-
-#: ProducerConfig (``producerConfig``).
-PRODUCER_CONFIG_FIELDS: Tuple[str, ...] = (
-    "maxPendingMessages",
-    "maxPendingMessagesAcrossPartitions",
-    "useThreadLocalProducers",
-    "cryptoConfig",
-    "batchBuilder",
-    "compressionType",
-    "batchingConfig",
-)
-
-#: BatchingConfig (``producerConfig.batchingConfig``).
-BATCHING_CONFIG_FIELDS: Tuple[str, ...] = (
-    "enabled",
-    "batchingMaxPublishDelayMs",
-    "roundRobinRouterBatchingPartitionSwitchFrequency",
-    "batchingMaxMessages",
-    "batchingMaxBytes",
-    "batchBuilder",
-)
-
-#: CryptoConfig (``producerConfig.cryptoConfig`` and ``inputSpecs.<t>.cryptoConfig``).
-CRYPTO_CONFIG_FIELDS: Tuple[str, ...] = (
-    "cryptoKeyReaderClassName",
-    "cryptoKeyReaderConfig",
-    "encryptionKeys",
-    "producerCryptoFailureAction",
-    "consumerCryptoFailureAction",
-)
-
-#: Resources (``resources``).
-RESOURCES_FIELDS: Tuple[str, ...] = ("cpu", "ram", "disk")
-
-#: WindowConfig (``windowConfig``; Java only).
-WINDOW_CONFIG_FIELDS: Tuple[str, ...] = (
-    "windowLengthCount",
-    "windowLengthDurationMs",
-    "slidingIntervalCount",
-    "slidingIntervalDurationMs",
-    "lateDataTopic",
-    "maxLagMs",
-    "watermarkEmitIntervalMs",
-    "timestampExtractorClassName",
-    "actualWindowFunctionClassName",
-    "processingGuarantees",
-)
-
-#: MessagePayloadProcessorConfig (``inputSpecs.<t>.messagePayloadProcessorConfig``).
-MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS: Tuple[str, ...] = ("className", "config")
 
 # Enum values exactly as Jackson accepts them (case-sensitive).
 PROCESSING_GUARANTEES: Tuple[str, ...] = ("ATLEAST_ONCE", "ATMOST_ONCE", "EFFECTIVELY_ONCE", "MANUAL")
@@ -146,6 +33,172 @@ WINDOW_PROCESSING_GUARANTEES: Tuple[str, ...] = ("ATLEAST_ONCE", "ATMOST_ONCE")
 #: Schema types the Python runtime knows by name (case-insensitive); anything else must be a
 #: "module.Class" custom schema class. "" means bytes + serde.
 PYTHON_SCHEMA_TYPES: Tuple[str, ...] = ("", "string", "json", "avro")
+
+
+# ----------------------------------------------------------------------------------------------
+# Field types. A tiny schema language: each field maps to a FieldType; objects carry their own fields.
+
+
+@dataclass(frozen=True)
+class FieldType:
+    """The type of one config field (for the loader's and `validate`'s checks)."""
+
+    kind: str  # str | int | bool | number | list_str | map_str | map_any | enum | object | map_object
+    values: Tuple[str, ...] = ()
+    fields: Optional[Mapping[str, "FieldType"]] = None
+    label: str = ""
+
+
+STR = FieldType("str")
+INT = FieldType("int")
+BOOL = FieldType("bool")
+NUMBER = FieldType("number")
+LIST_STR = FieldType("list_str")
+MAP_STR = FieldType("map_str")
+MAP_ANY = FieldType("map_any")
+
+
+def enum_type(values: Tuple[str, ...]) -> FieldType:
+    """A string that must be one of `values` (case-sensitive, as Jackson reads enums)."""
+    return FieldType("enum", values=values)
+
+
+def object_type(label: str, fields: Mapping[str, FieldType]) -> FieldType:
+    """A nested config object; `fields` in the order of Pulsar's Java class (messages list them so)."""
+    return FieldType("object", fields=dict(fields), label=label)
+
+
+CRYPTO = object_type(
+    "CryptoConfig",
+    {
+        "cryptoKeyReaderClassName": STR,
+        "cryptoKeyReaderConfig": MAP_ANY,
+        "encryptionKeys": LIST_STR,
+        "producerCryptoFailureAction": enum_type(PRODUCER_CRYPTO_FAILURE_ACTIONS),
+        "consumerCryptoFailureAction": enum_type(CONSUMER_CRYPTO_FAILURE_ACTIONS),
+    },
+)
+BATCHING = object_type(
+    "BatchingConfig",
+    {
+        "enabled": BOOL,
+        "batchingMaxPublishDelayMs": INT,
+        "roundRobinRouterBatchingPartitionSwitchFrequency": INT,
+        "batchingMaxMessages": INT,
+        "batchingMaxBytes": INT,
+        "batchBuilder": enum_type(BATCH_BUILDERS),
+    },
+)
+PRODUCER = object_type(
+    "ProducerConfig",
+    {
+        "maxPendingMessages": INT,
+        "maxPendingMessagesAcrossPartitions": INT,
+        "useThreadLocalProducers": BOOL,
+        "cryptoConfig": CRYPTO,
+        "batchBuilder": enum_type(BATCH_BUILDERS),
+        "compressionType": enum_type(COMPRESSION_TYPES),
+        "batchingConfig": BATCHING,
+    },
+)
+PAYLOAD_PROCESSOR = object_type(
+    "MessagePayloadProcessorConfig",
+    {"className": STR, "config": MAP_ANY},
+)
+CONSUMER = object_type(
+    "ConsumerConfig",
+    {
+        "schemaType": STR,
+        "serdeClassName": STR,
+        "regexPattern": BOOL,
+        "schemaProperties": MAP_STR,
+        "consumerProperties": MAP_STR,
+        "receiverQueueSize": INT,
+        "cryptoConfig": CRYPTO,
+        "messagePayloadProcessorConfig": PAYLOAD_PROCESSOR,
+        "poolMessages": BOOL,
+    },
+)
+RESOURCES = object_type("Resources", {"cpu": NUMBER, "ram": INT, "disk": INT})
+WINDOW = object_type(
+    "WindowConfig",
+    {
+        "windowLengthCount": INT,
+        "windowLengthDurationMs": INT,
+        "slidingIntervalCount": INT,
+        "slidingIntervalDurationMs": INT,
+        "lateDataTopic": STR,
+        "maxLagMs": INT,
+        "watermarkEmitIntervalMs": INT,
+        "timestampExtractorClassName": STR,
+        "actualWindowFunctionClassName": STR,
+        "processingGuarantees": enum_type(WINDOW_PROCESSING_GUARANTEES),
+    },
+)
+#: FunctionConfig itself: every top-level field of a function config YAML and its type.
+FUNCTION_CONFIG = object_type(
+    "FunctionConfig",
+    {
+        "runtimeFlags": STR,
+        "tenant": STR,
+        "namespace": STR,
+        "name": STR,
+        "className": STR,
+        "inputs": LIST_STR,
+        "customSerdeInputs": MAP_STR,
+        "topicsPattern": STR,
+        "customSchemaInputs": MAP_STR,
+        "customSchemaOutputs": MAP_STR,
+        "inputSpecs": FieldType("map_object", fields=CONSUMER.fields, label="ConsumerConfig"),
+        "inputTypeClassName": STR,
+        "output": STR,
+        "producerConfig": PRODUCER,
+        "outputSchemaType": STR,
+        "outputTypeClassName": STR,
+        "outputSerdeClassName": STR,
+        "logTopic": STR,
+        "logLevel": STR,
+        "processingGuarantees": enum_type(PROCESSING_GUARANTEES),
+        "retainOrdering": BOOL,
+        "retainKeyOrdering": BOOL,
+        "batchBuilder": enum_type(BATCH_BUILDERS),
+        "forwardSourceMessageProperty": BOOL,
+        "userConfig": MAP_ANY,
+        "secrets": MAP_ANY,
+        "runtime": enum_type(RUNTIMES),
+        "autoAck": BOOL,
+        "maxMessageRetries": INT,
+        "deadLetterTopic": STR,
+        "subName": STR,
+        "parallelism": INT,
+        "resources": RESOURCES,
+        "fqfn": STR,
+        "windowConfig": WINDOW,
+        "timeoutMs": INT,
+        "jar": STR,
+        "py": STR,
+        "go": STR,
+        "functionType": STR,
+        "cleanupSubscription": BOOL,
+        "customRuntimeOptions": STR,
+        "maxPendingAsyncRequests": INT,
+        "exposePulsarAdminClientEnabled": BOOL,
+        "skipToLatest": BOOL,
+        "subscriptionPosition": enum_type(SUBSCRIPTION_POSITIONS),
+    },
+)
+
+
+#: Field names of FunctionConfig and its nested classes, in the Java classes' order (derived from
+#: the schema above: the names are declared once, with their types).
+FUNCTION_CONFIG_FIELDS: Tuple[str, ...] = tuple(FUNCTION_CONFIG.fields or ())
+CONSUMER_CONFIG_FIELDS: Tuple[str, ...] = tuple(CONSUMER.fields or ())
+PRODUCER_CONFIG_FIELDS: Tuple[str, ...] = tuple(PRODUCER.fields or ())
+BATCHING_CONFIG_FIELDS: Tuple[str, ...] = tuple(BATCHING.fields or ())
+CRYPTO_CONFIG_FIELDS: Tuple[str, ...] = tuple(CRYPTO.fields or ())
+RESOURCES_FIELDS: Tuple[str, ...] = tuple(RESOURCES.fields or ())
+WINDOW_CONFIG_FIELDS: Tuple[str, ...] = tuple(WINDOW.fields or ())
+MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS: Tuple[str, ...] = tuple(PAYLOAD_PROCESSOR.fields or ())
 
 
 class FunctionConfigError(ValueError):
@@ -247,43 +300,52 @@ def infer_function_name(class_name: str) -> str:
     return class_name.rsplit(".", 1)[-1]
 
 
+def _from(key: str, default: Any = MISSING, *, empty_is_default: bool = False) -> Any:
+    """A FunctionSpec field read from FunctionConfig field `key` (its type is the schema's)."""
+    meta = {"key": key, "empty_is_default": empty_is_default}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=type(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class FunctionSpec:
     """A function config resolved with Pulsar's defaults, as the local runner uses it.
 
-    ``inputs`` lists every input topic (``inputs``, ``inputSpecs`` keys, ``customSerdeInputs``
-    and ``customSchemaInputs`` keys, and ``topicsPattern``) in first-seen order; ``input_specs``
-    maps each to ``{"receiverQueueSize", "schemaType", "serdeClassName", "regexPattern"}``, where
-    an empty schemaType means bytes + serde and an empty serdeClassName means
-    ``serde.IdentitySerDe``, exactly as in the Python runtime.
+    Each field names the FunctionConfig field it is read from (its type is FUNCTION_CONFIG's);
+    ``spec_from_config`` is the one reader. ``inputs`` lists every input topic (``inputs``,
+    ``inputSpecs`` keys, ``customSerdeInputs`` and ``customSchemaInputs`` keys, and
+    ``topicsPattern``) in first-seen order; ``input_specs`` maps each to ``{"receiverQueueSize",
+    "schemaType", "serdeClassName", "regexPattern"}``, where an empty schemaType means bytes +
+    serde and an empty serdeClassName means ``serde.IdentitySerDe``, exactly as in the Python runtime.
     """
 
-    class_name: str
-    name: str
-    tenant: str = "public"
-    namespace: str = "default"
-    inputs: List[str] = field(default_factory=list)
-    input_specs: Dict[str, Dict[str, Any]] = field(default_factory=dict)
-    output: Optional[str] = None
-    output_serde_class_name: str = ""
-    output_schema_type: str = ""
-    input_type_class_name: Optional[str] = None
-    output_type_class_name: Optional[str] = None
-    log_topic: Optional[str] = None
-    processing_guarantees: str = "ATLEAST_ONCE"
-    auto_ack: bool = True
-    sub_name: str = ""
-    subscription_position: str = "Latest"
-    timeout_ms: Optional[int] = None
-    parallelism: int = 1
-    user_config: Dict[str, Any] = field(default_factory=dict)
-    secrets: Dict[str, Any] = field(default_factory=dict)
-    producer_config: Dict[str, Any] = field(default_factory=dict)
-    retain_ordering: bool = False
-    retain_key_ordering: bool = False
-    forward_source_message_property: bool = True
-    cleanup_subscription: bool = True
-    py: Optional[str] = None
+    class_name: str = _from("className")
+    name: str = _from("name")
+    tenant: str = _from("tenant", "public", empty_is_default=True)
+    namespace: str = _from("namespace", "default", empty_is_default=True)
+    inputs: List[str] = _from("inputs", [])
+    input_specs: Dict[str, Dict[str, Any]] = _from("inputSpecs", {})
+    output: Optional[str] = _from("output", None, empty_is_default=True)
+    output_serde_class_name: str = _from("outputSerdeClassName", "")
+    output_schema_type: str = _from("outputSchemaType", "")
+    input_type_class_name: Optional[str] = _from("inputTypeClassName", None)
+    output_type_class_name: Optional[str] = _from("outputTypeClassName", None)
+    log_topic: Optional[str] = _from("logTopic", None, empty_is_default=True)
+    processing_guarantees: str = _from("processingGuarantees", "ATLEAST_ONCE")
+    auto_ack: bool = _from("autoAck", True)
+    sub_name: str = _from("subName", "")
+    subscription_position: str = _from("subscriptionPosition", "Latest")
+    timeout_ms: Optional[int] = _from("timeoutMs", None)
+    parallelism: int = _from("parallelism", 1)
+    user_config: Dict[str, Any] = _from("userConfig", {})
+    secrets: Dict[str, Any] = _from("secrets", {})
+    producer_config: Dict[str, Any] = _from("producerConfig", {})
+    retain_ordering: bool = _from("retainOrdering", False)
+    retain_key_ordering: bool = _from("retainKeyOrdering", False)
+    forward_source_message_property: bool = _from("forwardSourceMessageProperty", True)
+    cleanup_subscription: bool = _from("cleanupSubscription", True)
+    py: Optional[str] = _from("py", None)
 
     def __post_init__(self) -> None:
         if not self.sub_name:
@@ -296,35 +358,12 @@ class FunctionSpec:
 
 
 # FunctionSpec field -> FunctionConfig key, for overrides given by spec field name.
-_SPEC_TO_CONFIG_KEY: Dict[str, str] = {
-    "class_name": "className",
-    "name": "name",
-    "tenant": "tenant",
-    "namespace": "namespace",
-    "inputs": "inputs",
-    "input_specs": "inputSpecs",
-    "output": "output",
-    "output_serde_class_name": "outputSerdeClassName",
-    "output_schema_type": "outputSchemaType",
-    "input_type_class_name": "inputTypeClassName",
-    "output_type_class_name": "outputTypeClassName",
-    "log_topic": "logTopic",
-    "processing_guarantees": "processingGuarantees",
-    "auto_ack": "autoAck",
-    "sub_name": "subName",
-    "subscription_position": "subscriptionPosition",
-    "timeout_ms": "timeoutMs",
-    "parallelism": "parallelism",
-    "user_config": "userConfig",
-    "secrets": "secrets",
-    "producer_config": "producerConfig",
-    "retain_ordering": "retainOrdering",
-    "retain_key_ordering": "retainKeyOrdering",
-    "forward_source_message_property": "forwardSourceMessageProperty",
-    "cleanup_subscription": "cleanupSubscription",
-    "py": "py",
-}
-assert set(_SPEC_TO_CONFIG_KEY) == {f.name for f in fields(FunctionSpec)}
+_SPEC_TO_CONFIG_KEY: Dict[str, str] = {f.name: f.metadata["key"] for f in fields(FunctionSpec)}
+assert set(_SPEC_TO_CONFIG_KEY.values()) <= set(FUNCTION_CONFIG_FIELDS)
+
+# Python type of a schema kind, for the spec's type checks.
+_PYTHON_TYPES: Dict[str, type] = {"str": str, "enum": str, "int": int, "bool": bool, "list_str": list,
+                                  "map_str": dict, "map_any": dict, "map_object": dict, "object": dict}
 
 
 def _typed(cfg: Mapping[str, Any], key: str, kind: Union[type, Tuple[type, ...]], default: Any) -> Any:
@@ -435,38 +474,18 @@ def spec_from_config(cfg: Mapping[str, Any], overrides: Optional[Mapping[str, An
     class_name = _typed(merged, "className", str, "")
     if not class_name:
         raise FunctionConfigError("function config has no 'className' (required for Python functions)")
-    tenant = _typed(merged, "tenant", str, "") or "public"
-    namespace = _typed(merged, "namespace", str, "") or "default"
-    name = _typed(merged, "name", str, "") or infer_function_name(class_name)
     inputs, input_specs = _input_specs(merged)
-    timeout = _typed(merged, "timeoutMs", int, None)
-    spec = FunctionSpec(
-        class_name=class_name,
-        name=name,
-        tenant=tenant,
-        namespace=namespace,
-        inputs=inputs,
-        input_specs=input_specs,
-        output=_typed(merged, "output", str, None) or None,
-        output_serde_class_name=_typed(merged, "outputSerdeClassName", str, ""),
-        output_schema_type=_typed(merged, "outputSchemaType", str, ""),
-        input_type_class_name=_typed(merged, "inputTypeClassName", str, None),
-        output_type_class_name=_typed(merged, "outputTypeClassName", str, None),
-        log_topic=_typed(merged, "logTopic", str, None) or None,
-        processing_guarantees=_typed(merged, "processingGuarantees", str, "ATLEAST_ONCE"),
-        auto_ack=_typed(merged, "autoAck", bool, True),
-        sub_name=_typed(merged, "subName", str, ""),
-        subscription_position=_typed(merged, "subscriptionPosition", str, "Latest"),
-        timeout_ms=timeout,
-        parallelism=_typed(merged, "parallelism", int, 1),
-        user_config=dict(_typed(merged, "userConfig", dict, {})),
-        secrets=dict(_typed(merged, "secrets", dict, {})),
-        producer_config=dict(_typed(merged, "producerConfig", dict, {})),
-        retain_ordering=_typed(merged, "retainOrdering", bool, False),
-        retain_key_ordering=_typed(merged, "retainKeyOrdering", bool, False),
-        forward_source_message_property=_typed(merged, "forwardSourceMessageProperty", bool, True),
-        cleanup_subscription=_typed(merged, "cleanupSubscription", bool, True),
-        py=_typed(merged, "py", str, None),
-    )
+    values: Dict[str, Any] = {"class_name": class_name, "inputs": inputs, "input_specs": input_specs,
+                              "name": _typed(merged, "name", str, "") or infer_function_name(class_name)}
+    for f in fields(FunctionSpec):
+        if f.name in values:
+            continue
+        key = f.metadata["key"]
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        value = _typed(merged, key, _PYTHON_TYPES[FUNCTION_CONFIG.fields[key].kind], default)  # type: ignore[index]
+        if f.metadata["empty_is_default"] and not value:
+            value = default
+        values[f.name] = dict(value) if isinstance(value, dict) else value
+    spec = FunctionSpec(**values)
     logger.debug("function spec %s: inputs=%s output=%s", spec.fqfn, spec.inputs, spec.output)
     return spec

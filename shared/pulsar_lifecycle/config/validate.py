@@ -19,23 +19,19 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
 
 from .function_config import (
-    BATCH_BUILDERS,
-    BATCHING_CONFIG_FIELDS,
-    COMPRESSION_TYPES,
-    CONSUMER_CONFIG_FIELDS,
-    CONSUMER_CRYPTO_FAILURE_ACTIONS,
-    CRYPTO_CONFIG_FIELDS,
-    FUNCTION_CONFIG_FIELDS,
-    MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS,
+    BOOL,
+    CONSUMER,
+    FUNCTION_CONFIG,
+    INT,
+    LIST_STR,
+    MAP_ANY,
+    NUMBER,
     PROCESSING_GUARANTEES,
-    PRODUCER_CONFIG_FIELDS,
-    PRODUCER_CRYPTO_FAILURE_ACTIONS,
     PYTHON_SCHEMA_TYPES,
     RESOURCES_FIELDS,
     RUNTIMES,
-    SUBSCRIPTION_POSITIONS,
-    WINDOW_CONFIG_FIELDS,
-    WINDOW_PROCESSING_GUARANTEES,
+    STR,
+    FieldType,
     FunctionConfigError,
     load_function_config_with_lines,
 )
@@ -54,163 +50,6 @@ _PY_URL_SCHEMES = ("http://", "https://", "file://", "function://")
 KeyPath = Tuple[Any, ...]
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
 
-
-# ----------------------------------------------------------------------------------------------
-# Field types. A tiny schema language: each field maps to a _Type; objects carry their own fields.
-
-
-@dataclass(frozen=True)
-class _Type:
-    kind: str  # str | int | bool | number | list_str | map_str | map_any | enum | object | map_object
-    values: Tuple[str, ...] = ()
-    fields: Optional[Mapping[str, "_Type"]] = None
-    label: str = ""
-
-
-STR = _Type("str")
-INT = _Type("int")
-BOOL = _Type("bool")
-NUMBER = _Type("number")
-LIST_STR = _Type("list_str")
-MAP_STR = _Type("map_str")
-MAP_ANY = _Type("map_any")
-
-
-def _enum(values: Tuple[str, ...]) -> _Type:
-    return _Type("enum", values=values)
-
-
-def _object(label: str, names: Tuple[str, ...], types: Mapping[str, _Type]) -> _Type:
-    # Keep the declared order of the shared field tuples so messages list fields like Pulsar does.
-    assert set(names) == set(types), (label, set(names) ^ set(types))
-    return _Type("object", fields={n: types[n] for n in names}, label=label)
-
-
-CRYPTO = _object(
-    "CryptoConfig",
-    CRYPTO_CONFIG_FIELDS,
-    {
-        "cryptoKeyReaderClassName": STR,
-        "cryptoKeyReaderConfig": MAP_ANY,
-        "encryptionKeys": LIST_STR,
-        "producerCryptoFailureAction": _enum(PRODUCER_CRYPTO_FAILURE_ACTIONS),
-        "consumerCryptoFailureAction": _enum(CONSUMER_CRYPTO_FAILURE_ACTIONS),
-    },
-)
-BATCHING = _object(
-    "BatchingConfig",
-    BATCHING_CONFIG_FIELDS,
-    {
-        "enabled": BOOL,
-        "batchingMaxPublishDelayMs": INT,
-        "roundRobinRouterBatchingPartitionSwitchFrequency": INT,
-        "batchingMaxMessages": INT,
-        "batchingMaxBytes": INT,
-        "batchBuilder": _enum(BATCH_BUILDERS),
-    },
-)
-PRODUCER = _object(
-    "ProducerConfig",
-    PRODUCER_CONFIG_FIELDS,
-    {
-        "maxPendingMessages": INT,
-        "maxPendingMessagesAcrossPartitions": INT,
-        "useThreadLocalProducers": BOOL,
-        "cryptoConfig": CRYPTO,
-        "batchBuilder": _enum(BATCH_BUILDERS),
-        "compressionType": _enum(COMPRESSION_TYPES),
-        "batchingConfig": BATCHING,
-    },
-)
-PAYLOAD_PROCESSOR = _object(
-    "MessagePayloadProcessorConfig",
-    MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS,
-    {"className": STR, "config": MAP_ANY},
-)
-CONSUMER = _object(
-    "ConsumerConfig",
-    CONSUMER_CONFIG_FIELDS,
-    {
-        "schemaType": STR,
-        "serdeClassName": STR,
-        "regexPattern": BOOL,
-        "schemaProperties": MAP_STR,
-        "consumerProperties": MAP_STR,
-        "receiverQueueSize": INT,
-        "cryptoConfig": CRYPTO,
-        "messagePayloadProcessorConfig": PAYLOAD_PROCESSOR,
-        "poolMessages": BOOL,
-    },
-)
-RESOURCES = _object("Resources", RESOURCES_FIELDS, {"cpu": NUMBER, "ram": INT, "disk": INT})
-WINDOW = _object(
-    "WindowConfig",
-    WINDOW_CONFIG_FIELDS,
-    {
-        "windowLengthCount": INT,
-        "windowLengthDurationMs": INT,
-        "slidingIntervalCount": INT,
-        "slidingIntervalDurationMs": INT,
-        "lateDataTopic": STR,
-        "maxLagMs": INT,
-        "watermarkEmitIntervalMs": INT,
-        "timestampExtractorClassName": STR,
-        "actualWindowFunctionClassName": STR,
-        "processingGuarantees": _enum(WINDOW_PROCESSING_GUARANTEES),
-    },
-)
-FUNCTION = _object(
-    "FunctionConfig",
-    FUNCTION_CONFIG_FIELDS,
-    {
-        "runtimeFlags": STR,
-        "tenant": STR,
-        "namespace": STR,
-        "name": STR,
-        "className": STR,
-        "inputs": LIST_STR,
-        "customSerdeInputs": MAP_STR,
-        "topicsPattern": STR,
-        "customSchemaInputs": MAP_STR,
-        "customSchemaOutputs": MAP_STR,
-        "inputSpecs": _Type("map_object", fields=CONSUMER.fields, label="ConsumerConfig"),
-        "inputTypeClassName": STR,
-        "output": STR,
-        "producerConfig": PRODUCER,
-        "outputSchemaType": STR,
-        "outputTypeClassName": STR,
-        "outputSerdeClassName": STR,
-        "logTopic": STR,
-        "logLevel": STR,
-        "processingGuarantees": _enum(PROCESSING_GUARANTEES),
-        "retainOrdering": BOOL,
-        "retainKeyOrdering": BOOL,
-        "batchBuilder": _enum(BATCH_BUILDERS),
-        "forwardSourceMessageProperty": BOOL,
-        "userConfig": MAP_ANY,
-        "secrets": MAP_ANY,
-        "runtime": _enum(RUNTIMES),
-        "autoAck": BOOL,
-        "maxMessageRetries": INT,
-        "deadLetterTopic": STR,
-        "subName": STR,
-        "parallelism": INT,
-        "resources": RESOURCES,
-        "fqfn": STR,
-        "windowConfig": WINDOW,
-        "timeoutMs": INT,
-        "jar": STR,
-        "py": STR,
-        "go": STR,
-        "functionType": STR,
-        "cleanupSubscription": BOOL,
-        "customRuntimeOptions": STR,
-        "maxPendingAsyncRequests": INT,
-        "exposePulsarAdminClientEnabled": BOOL,
-        "skipToLatest": BOOL,
-        "subscriptionPosition": _enum(SUBSCRIPTION_POSITIONS),
-    },
-)
 
 _TYPE_WORDS = {
     "str": "a string",
@@ -260,7 +99,7 @@ def _show(where: KeyPath) -> str:
     return out or "top level"
 
 
-def _type_ok(value: Any, t: _Type) -> bool:
+def _type_ok(value: Any, t: FieldType) -> bool:
     kind = t.kind
     if kind == "str":
         return isinstance(value, str)
@@ -297,7 +136,7 @@ def _unknown_field(report: _Report, where: KeyPath, key: Any, known: Collection[
     )
 
 
-def _check_value(report: _Report, where: KeyPath, value: Any, t: _Type) -> None:
+def _check_value(report: _Report, where: KeyPath, value: Any, t: FieldType) -> None:
     """Type-check one value (None means "unset", as Jackson reads an empty YAML value)."""
     if value is None:
         return
@@ -325,7 +164,7 @@ def _check_value(report: _Report, where: KeyPath, value: Any, t: _Type) -> None:
     elif t.kind == "object":
         _check_object(report, where, value, t)
     elif t.kind == "map_object":
-        member = _Type("object", fields=t.fields, label=t.label)
+        member = FieldType("object", fields=t.fields, label=t.label)
         for k, v in value.items():
             if not isinstance(k, str):
                 report.add(where, f"{_show(where)} has a non-string key {k!r}")
@@ -333,7 +172,7 @@ def _check_value(report: _Report, where: KeyPath, value: Any, t: _Type) -> None:
                 _check_value(report, where + (k,), v, member)
 
 
-def _check_object(report: _Report, where: KeyPath, obj: Mapping[Any, Any], t: _Type) -> None:
+def _check_object(report: _Report, where: KeyPath, obj: Mapping[Any, Any], t: FieldType) -> None:
     assert t.fields is not None
     for key, value in obj.items():
         sub = t.fields.get(key) if isinstance(key, str) else None
@@ -413,7 +252,7 @@ def _semantic_checks(
     user_config_keys: Optional[Mapping[str, Collection[str]]],
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
 ) -> None:
-    def get(key: str, t: _Type) -> Any:
+    def get(key: str, t: FieldType) -> Any:
         value = cfg.get(key)
         return value if value is not None and _type_ok(value, t) else None
 
@@ -603,7 +442,7 @@ def _validate(
     if not isinstance(cfg, Mapping):
         report.add((), f"function config must be a mapping of field names, got {_type_name(cfg)}")
         return report.problems
-    _check_object(report, (), cfg, FUNCTION)
+    _check_object(report, (), cfg, FUNCTION_CONFIG)
     _semantic_checks(report, cfg, user_config_keys, function_checks)
     return report.problems
 

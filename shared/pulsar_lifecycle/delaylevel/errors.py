@@ -2,16 +2,20 @@
 from __future__ import annotations
 from ..exceptions import PulsarLifecycleError
 
+from ..config.exceptions import ConfigError
+
 
 class DelayLevelError(PulsarLifecycleError):
     """Base of the errors this package raises on purpose."""
 
 
-class ConfigError(DelayLevelError, ValueError):
-    """A setting is invalid; the message names the key and the value."""
+# ConfigError (a setting is invalid; the message names the key and the value) is the package-wide
+# one of config/exceptions.py, raised by the shared userConfig converters too.
+__all__ = ["ConfigError", "DelayLevelError", "DelayTooLongError", "ParkedMessageError", "ShrinkRefusedError",
+           "StrategyError"]
 
 
-class StrategyError(ConfigError):
+class StrategyError(DelayLevelError, ConfigError):
     """An unreasonable strategy: too many partitions, a bad unit or maximum."""
 
 

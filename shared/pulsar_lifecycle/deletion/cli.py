@@ -13,8 +13,10 @@ from typing import Any, Dict, Optional
 
 import click
 
+from ..config.settings import defaults_of
+from .config import DeletionConfig
 from .model import InvalidRequestError, LedgerComponent, LedgerContext, LedgerType, OffloadContext
-from .topics import DeletionTopics
+from .topics import SCOPES, DeletionTopics
 
 
 def _topics(opts: Dict[str, Any]) -> DeletionTopics:
@@ -27,6 +29,8 @@ def _topics(opts: Dict[str, Any]) -> DeletionTopics:
 
 
 CONNECT_TIMEOUT_S = 30.0
+# The options that mirror the worker's userConfig keys take its defaults (declared once, in DeletionConfig).
+_WORKER = defaults_of(DeletionConfig)
 
 
 def _client(url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
@@ -62,12 +66,14 @@ def close_service(service: Any, client: Any) -> None:
 def deletion_topic_options(f: Any, service_url_required: bool = True) -> Any:
     """The deletion-topic options (shared with `spark orphans --enqueue`)."""
     f = click.option("--service-url", required=service_url_required, help="pulsar:// URL of the broker.")(f)
-    f = click.option("--namespace", default="pulsar/system", show_default=True, help="deletionNamespace.")(f)
-    f = click.option("--topic-name", default="__ledger_deletion", show_default=True, help="deletionTopicName.")(f)
-    f = click.option("--parallelism", type=int, default=4, show_default=True, help="ledgerDeletionParallelism.")(f)
-    f = click.option("--scope", type=click.Choice(["cluster", "tenant"]), default="cluster", show_default=True,
+    f = click.option("--namespace", default=_WORKER["deletionNamespace"], show_default=True, help="deletionNamespace.")(f)
+    f = click.option("--topic-name", default=_WORKER["deletionTopicName"], show_default=True, help="deletionTopicName.")(f)
+    f = click.option("--parallelism", type=int, default=_WORKER["ledgerDeletionParallelism"], show_default=True,
+                     help="ledgerDeletionParallelism.")(f)
+    f = click.option("--scope", type=click.Choice(SCOPES), default=_WORKER["deletionTopicScope"], show_default=True,
                      help="deletionTopicScope.")(f)
-    f = click.option("--tenant-namespace", default="system", show_default=True, help="tenantDeletionNamespace.")(f)
+    f = click.option("--tenant-namespace", default=_WORKER["tenantDeletionNamespace"], show_default=True,
+                     help="tenantDeletionNamespace.")(f)
     return f
 
 
@@ -102,7 +108,7 @@ def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, schedu
 
 def delay_options(f: Any) -> Any:
     """The phase-one send-delay options (shared with `spark orphans --enqueue`)."""
-    f = click.option("--send-delay-seconds", type=int, default=60, show_default=True,
+    f = click.option("--send-delay-seconds", type=int, default=_WORKER["sendDelaySeconds"], show_default=True,
                      help="sendDelaySeconds; 0 sends at once.")(f)
     f = click.option("--delay-backend", type=click.Choice(["broker", "scheduler"]), default="broker", show_default=True)(f)
     f = click.option("--scheduling-topic", default=None, help="The scheduler's input topic (scheduler backend).")(f)

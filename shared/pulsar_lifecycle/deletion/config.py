@@ -1,189 +1,166 @@
-"""userConfig of the LedgerDeletionWorker and of the phase-one service, validated.
+"""userConfig of the LedgerDeletionWorker and of the phase-one service, declared once as
+DeletionConfig fields (config/settings.py: one converter per type, unknown keys refused, since a
+typo would otherwise silently fall back to a default, e.g. a mistyped TTL).
 
-Every key is documented in docs/deletion.md. Unknown keys are an error (a typo would otherwise
-silently fall back to a default, e.g. a mistyped TTL).
+Behaviour behind each key is in docs/deletion.md; the table in docs/configuration.md is generated
+from these fields.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from .topics import DeletionTopics
+from ..config.settings import ConfigError, check_settings, parse_settings, setting, to_str, to_str_list, user_config_keys
+from .topics import SCOPES, DeletionTopics
 
-DEFAULTS: Dict[str, Any] = {
-    "twoPhaseDeletionEnabled": True,
-    "deletionNamespace": "pulsar/system",
-    "deletionTopicName": "__ledger_deletion",
-    "ledgerDeletionParallelism": 4,
-    "deletionTopicScope": "cluster",
-    "tenantDeletionNamespace": "system",
-    "sendDelaySeconds": 60,
-    "reconsumeLaterSeconds": 600,
-    "maxRedeliverCount": 10,
-    "ledgersCacheTtlSeconds": 600,
-    "delayBackend": "scheduler",
-    "schedulingTopic": None,
-    "pulsarAdminUrl": None,
-    "adminTokenSecret": None,
-    "adminTimeoutSeconds": 10,
-    "bookieHttpUrls": None,
-    "bookieTimeoutSeconds": 10,
-    "s3EndpointUrl": None,
-    "s3Region": None,
-    "s3Bucket": None,
-    "s3AllowedBuckets": None,
-    "s3RequireOwnerMetadata": True,
-    "s3AccessKeyIdSecret": None,
-    "s3SecretAccessKeySecret": None,
-    "fileSystemBasePath": None,
-    "bucketSnapshotHooks": None,
-    "bucketSnapshotDir": None,
-    "bucketSnapshotStorageServiceUrl": None,
-    "bucketSnapshotWriter": None,
-    "trustedRegistryMaxSize": 100000,
-}
+FUNCTION = "LedgerDeletionWorker"
+_TOPICS = DeletionTopics()  # the topic defaults are declared once, in DeletionTopics
 
 
-def _urls(value: Any, key: str) -> List[str]:
-    if value is None:
-        return []
-    if isinstance(value, str):
-        items = [v.strip() for v in value.split(",")]
-    elif isinstance(value, (list, tuple)):
-        items = [str(v).strip() for v in value]
-    else:
-        raise ValueError(f"{key} must be a URL, a comma-separated string or a list, got {type(value).__name__}")
-    items = [i for i in items if i]
-    for i in items:
-        if not i.startswith(("http://", "https://")):
-            raise ValueError(f"{key}: {i!r} is not an http(s) URL")
-    return items
-
-
-def _int(cfg: Mapping[str, Any], key: str, minimum: int) -> int:
-    raw = cfg[key]
-    # Gson turns --user-config integers into doubles (5 -> 5.0); accept integral floats.
-    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
-        raise ValueError(f"{key} must be an integer, got {raw!r}")
-    try:
-        val = float(raw)
-    except ValueError:
-        raise ValueError(f"{key} must be an integer, got {raw!r}") from None
-    if val != int(val):
-        raise ValueError(f"{key} must be an integer, got {raw!r}")
-    if int(val) < minimum:
-        raise ValueError(f"{key} must be >= {minimum}, got {raw!r}")
-    return int(val)
-
-
-def _bool(cfg: Mapping[str, Any], key: str) -> bool:
-    raw = cfg[key]
-    if isinstance(raw, bool):
-        return raw
-    if isinstance(raw, str) and raw.lower() in ("true", "false"):
-        return raw.lower() == "true"
-    raise ValueError(f"{key} must be true or false, got {raw!r}")
+def to_http_urls(key: str, value: Any) -> Tuple[str, ...]:
+    """A URL, a comma-separated string or a list of http(s) URLs (the shared list converter)."""
+    urls = to_str_list(key, value)
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"userConfig {key}: {url!r} is not an http(s) URL")
+    return urls
 
 
 @dataclass(frozen=True)
 class DeletionConfig:
-    """Validated settings shared by the worker (phase two) and the service (phase one)."""
+    """Validated settings shared by the worker (phase two) and the service (phase one).
 
-    topics: DeletionTopics
-    enabled: bool = True
-    send_delay_seconds: int = 60
-    reconsume_later_seconds: int = 600
-    max_redeliver_count: int = 10
-    ledgers_cache_ttl_seconds: int = 600
-    delay_backend: str = "scheduler"
-    scheduling_topic: Optional[str] = None
-    admin_urls: Tuple[str, ...] = ()
+    One field per userConfig key; `topics`, `admin_token`, `s3_credentials` and `raw` are derived
+    (the topic names, the secrets' values, the userConfig as given for the snapshot hooks).
+    """
+
+    enabled: bool = setting("twoPhaseDeletionEnabled", True, "When false, the service refuses to append (PIP name).")
+    deletion_namespace: str = setting("deletionNamespace", _TOPICS.namespace,
+                                      "Namespace of the deletion topics (cluster scope).")
+    deletion_topic_name: str = setting("deletionTopicName", _TOPICS.topic_name,
+                                       "Base name; `-RETRY`, `-DLQ` and `-partition-<k>` are derived from it.")
+    ledger_deletion_parallelism: int = setting(
+        "ledgerDeletionParallelism", _TOPICS.parallelism,
+        "Partitions of the deletion and RETRY topics (the worker's `inputs` must list them all).", minimum=1)
+    deletion_topic_scope: str = setting(
+        "deletionTopicScope", _TOPICS.scope,
+        "`cluster`: one set of topics; `tenant`: per-tenant topics plus cross-tenant refusal.",
+        choices=SCOPES)
+    tenant_deletion_namespace: str = setting(
+        "tenantDeletionNamespace", _TOPICS.tenant_namespace, "Namespace, inside each tenant, of its deletion topics (tenant scope).")
+    send_delay_seconds: int = setting("sendDelaySeconds", 60,
+                                      "Phase-one delivery delay (service side; 0 sends at once).", minimum=0)
+    reconsume_later_seconds: int = setting("reconsumeLaterSeconds", 600, "Delay of a retry.", minimum=0)
+    max_redeliver_count: int = setting(
+        "maxRedeliverCount", 10, "Retries before the DLQ (`RECONSUMETIMES` above this goes to the DLQ).", minimum=1)
+    ledgers_cache_ttl_seconds: int = setting("ledgersCacheTtlSeconds", 600, "ledgersCache expire-after-write TTL.",
+                                             minimum=1)
+    delay_backend: str = setting("delayBackend", "scheduler",
+                                 "`broker` (deliver_at) or `scheduler` (the BucketSnapshotWriter).",
+                                 choices=("broker", "scheduler"))
+    scheduling_topic: Optional[str] = setting(
+        "schedulingTopic", None,
+        "The scheduler's input topic (fully qualified); required with the scheduler backend.", convert=to_str)
+    admin_urls: Tuple[str, ...] = setting(
+        "pulsarAdminUrl", (),
+        "Admin REST URL(s), comma-separated or a list, tried in turn; needed for the in-use check.",
+        convert=to_http_urls)
+    admin_token_secret: Optional[str] = setting(
+        "adminTokenSecret", None, "Name of a function secret holding a Bearer token for the admin API.",
+        convert=to_str)
+    admin_timeout_seconds: int = setting("adminTimeoutSeconds", 10, "Admin HTTP timeout.", minimum=1)
+    bookie_urls: Tuple[str, ...] = setting(
+        "bookieHttpUrls", (),
+        "Bookie HTTP admin URL(s) (Pulsar's bookkeeper.conf uses port 8000); enables LEDGER deletion.",
+        convert=to_http_urls)
+    bookie_timeout_seconds: int = setting("bookieTimeoutSeconds", 10, "Bookie HTTP timeout.", minimum=1)
+    s3_endpoint_url: Optional[str] = setting("s3EndpointUrl", None, "S3-compatible endpoint (omit for AWS).",
+                                             convert=to_str)
+    s3_region: Optional[str] = setting("s3Region", None, "S3 region (boto3's default: `us-east-1`).", convert=to_str)
+    s3_bucket: Optional[str] = setting(
+        "s3Bucket", None, "Default offload bucket (used when the driver metadata names none).", convert=to_str)
+    s3_allowed_buckets: Tuple[str, ...] = setting(
+        "s3AllowedBuckets", (),
+        "Buckets this worker may touch (default: only `s3Bucket`); others go to the DLQ.", convert=to_str_list)
+    s3_require_owner_metadata: bool = setting(
+        "s3RequireOwnerMetadata", True,
+        "When true, objects without `ManagedLedgerName` metadata go to the DLQ (UNVERIFIABLE); when false they "
+        "are trusted.")
+    s3_access_key_id_secret: Optional[str] = setting(
+        "s3AccessKeyIdSecret", None,
+        "Name of a function secret with the S3 access key id (with `s3SecretAccessKeySecret`; otherwise boto3's "
+        "default chain).", convert=to_str)
+    s3_secret_access_key_secret: Optional[str] = setting(
+        "s3SecretAccessKeySecret", None,
+        "Name of a function secret with the S3 secret access key (with `s3AccessKeyIdSecret`).", convert=to_str)
+    filesystem_base_path: Optional[str] = setting(
+        "fileSystemBasePath", None,
+        "The filesystem offloader's `storageBasePath`; enables filesystem offload deletion.", convert=to_str)
+    bucket_snapshot_hooks: Optional[str] = setting(
+        "bucketSnapshotHooks", None,
+        "`module:factory` for DELAYED_INDEX_BUCKET requests; "
+        "`pulsar_lifecycle.scheduler.snapshot_deletion:snapshot_hooks` serves a BucketSnapshotWriter's directory "
+        "or BookKeeper table-service store.", convert=to_str)
+    bucket_snapshot_dir: Optional[str] = setting(
+        "bucketSnapshotDir", None,
+        "The BucketSnapshotWriter's `snapshotDir`, read by `snapshot_hooks` (in use = listed in its bucket "
+        "manifest).", convert=to_str)
+    bucket_snapshot_storage_service_url: Optional[str] = setting(
+        "bucketSnapshotStorageServiceUrl", None,
+        "The writer's `snapshotStorageServiceUrl` (`bk://host:port`) when it uses `snapshotStorage: bookkeeper`; "
+        "read by `snapshot_hooks`.", convert=to_str)
+    bucket_snapshot_writer: Optional[str] = setting(
+        "bucketSnapshotWriter", None,
+        "`<tenant>/<namespace>/<name>` of that writer (its table is `<name>_buckets`); with "
+        "`bucketSnapshotStorageServiceUrl`.", convert=to_str)
+    trusted_registry_max_size: int = setting("trustedRegistryMaxSize", 100000,
+                                             "Bound of the trusted-id registry (service side).", minimum=1)
+    # Derived, not userConfig keys.
+    topics: DeletionTopics = field(init=False, compare=False)
     admin_token: Optional[str] = None
-    admin_timeout_seconds: float = 10.0
-    bookie_urls: Tuple[str, ...] = ()
-    bookie_timeout_seconds: float = 10.0
-    s3_endpoint_url: Optional[str] = None
-    s3_region: Optional[str] = None
-    s3_bucket: Optional[str] = None
-    s3_allowed_buckets: Tuple[str, ...] = ()
-    s3_require_owner_metadata: bool = True
     s3_credentials: Dict[str, str] = field(default_factory=dict)
-    filesystem_base_path: Optional[str] = None
-    bucket_snapshot_hooks: Optional[str] = None
-    trusted_registry_max_size: int = 100000
     raw: Dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+        object.__setattr__(self, "topics", DeletionTopics(
+            namespace=self.deletion_namespace, topic_name=self.deletion_topic_name,
+            parallelism=self.ledger_deletion_parallelism, scope=self.deletion_topic_scope,
+            tenant_namespace=self.tenant_deletion_namespace))
+        if self.delay_backend == "scheduler" and not self.scheduling_topic:
+            raise ConfigError("delayBackend 'scheduler' needs schedulingTopic (the BucketSnapshotWriter's input topic)")
+        if self.scheduling_topic and not self.scheduling_topic.startswith(("persistent://", "non-persistent://")):
+            raise ConfigError(f"schedulingTopic must be fully qualified (persistent://...), got {self.scheduling_topic!r}")
+        if (self.s3_access_key_id_secret is None) != (self.s3_secret_access_key_secret is None):
+            raise ConfigError("s3AccessKeyIdSecret and s3SecretAccessKeySecret must be given together")
+        hooks = self.bucket_snapshot_hooks
+        if hooks is not None and ":" not in hooks:
+            raise ConfigError(f"bucketSnapshotHooks must be 'module:callable', got {hooks!r}")
 
     @classmethod
     def from_user_config(
         cls, user_config: Optional[Mapping[str, Any]], get_secret: Optional[Callable[[str], Any]] = None
     ) -> "DeletionConfig":
-        """Validate a userConfig map; ValueError names the offending key."""
+        """Validate a userConfig map and resolve the secrets it names; ConfigError names the key."""
         given = dict(user_config or {})
-        unknown = sorted(set(given) - set(DEFAULTS))
-        if unknown:
-            raise ValueError(f"unknown ledger-deletion userConfig keys {unknown}; valid keys: {sorted(DEFAULTS)}")
-        cfg = {**DEFAULTS, **{k: v for k, v in given.items() if v is not None}}
-        topics = DeletionTopics(
-            namespace=str(cfg["deletionNamespace"]),
-            topic_name=str(cfg["deletionTopicName"]),
-            parallelism=_int(cfg, "ledgerDeletionParallelism", 1),
-            scope=str(cfg["deletionTopicScope"]),
-            tenant_namespace=str(cfg["tenantDeletionNamespace"]),
-        )
-        backend = str(cfg["delayBackend"])
-        if backend not in ("broker", "scheduler"):
-            raise ValueError(f"delayBackend must be 'broker' or 'scheduler', got {backend!r}")
-        sched = cfg["schedulingTopic"]
-        if backend == "scheduler" and not sched:
-            raise ValueError("delayBackend 'scheduler' needs schedulingTopic (the BucketSnapshotWriter's input topic)")
-        if sched and not str(sched).startswith(("persistent://", "non-persistent://")):
-            raise ValueError(f"schedulingTopic must be fully qualified (persistent://...), got {sched!r}")
+        config = parse_settings(cls, given, function=FUNCTION, extra={"raw": given})
 
-        def secret(key: str) -> Optional[str]:
-            name = cfg[key]
+        def secret(key: str, name: Optional[str]) -> Optional[str]:
             if not name:
                 return None
             if get_secret is None:
-                raise ValueError(f"{key} names secret {name!r} but no secrets are available")
+                raise ConfigError(f"{key} names secret {name!r} but no secrets are available")
             value = get_secret(name)
             if value is None:
-                raise ValueError(f"{key}: secret {name!r} is not set")
+                raise ConfigError(f"{key}: secret {name!r} is not set")
             return str(value)
 
-        creds: Dict[str, str] = {}
-        ak, sk = secret("s3AccessKeyIdSecret"), secret("s3SecretAccessKeySecret")
-        if (ak is None) != (sk is None):
-            raise ValueError("s3AccessKeyIdSecret and s3SecretAccessKeySecret must be given together")
-        if ak is not None and sk is not None:
-            creds = {"aws_access_key_id": ak, "aws_secret_access_key": sk}
-        allowed = cfg["s3AllowedBuckets"] or []
-        if isinstance(allowed, str):
-            allowed = [b.strip() for b in allowed.split(",") if b.strip()]
-        hooks = cfg["bucketSnapshotHooks"]
-        if hooks is not None and (not isinstance(hooks, str) or ":" not in hooks):
-            raise ValueError(f"bucketSnapshotHooks must be 'module:callable', got {hooks!r}")
-        return cls(
-            topics=topics,
-            enabled=_bool(cfg, "twoPhaseDeletionEnabled"),
-            send_delay_seconds=_int(cfg, "sendDelaySeconds", 0),
-            reconsume_later_seconds=_int(cfg, "reconsumeLaterSeconds", 0),
-            max_redeliver_count=_int(cfg, "maxRedeliverCount", 1),
-            ledgers_cache_ttl_seconds=_int(cfg, "ledgersCacheTtlSeconds", 1),
-            delay_backend=backend,
-            scheduling_topic=str(sched) if sched else None,
-            admin_urls=tuple(_urls(cfg["pulsarAdminUrl"], "pulsarAdminUrl")),
-            admin_token=secret("adminTokenSecret"),
-            admin_timeout_seconds=float(_int(cfg, "adminTimeoutSeconds", 1)),
-            bookie_urls=tuple(_urls(cfg["bookieHttpUrls"], "bookieHttpUrls")),
-            bookie_timeout_seconds=float(_int(cfg, "bookieTimeoutSeconds", 1)),
-            s3_endpoint_url=cfg["s3EndpointUrl"],
-            s3_region=cfg["s3Region"],
-            s3_bucket=cfg["s3Bucket"],
-            s3_allowed_buckets=tuple(str(b) for b in allowed),
-            s3_require_owner_metadata=_bool(cfg, "s3RequireOwnerMetadata"),
-            s3_credentials=creds,
-            filesystem_base_path=cfg["fileSystemBasePath"],
-            bucket_snapshot_hooks=hooks,
-            trusted_registry_max_size=_int(cfg, "trustedRegistryMaxSize", 1),
-            raw=given,
-        )
+        ak = secret("s3AccessKeyIdSecret", config.s3_access_key_id_secret)
+        sk = secret("s3SecretAccessKeySecret", config.s3_secret_access_key_secret)
+        creds = {"aws_access_key_id": ak, "aws_secret_access_key": sk} if ak is not None and sk is not None else {}
+        return replace(config, admin_token=secret("adminTokenSecret", config.admin_token_secret), s3_credentials=creds)
+
+
+def all_user_config_keys() -> List[str]:
+    """Every userConfig key LedgerDeletionWorker (and the phase-one service) understands."""
+    return user_config_keys(DeletionConfig)

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional
 import pulsar
 
 from ..clock import wall_clock_ms
+from ..config.settings import read_setting, to_int, to_str
 from ..state import open_state_store
 from ..state.base import StateStore
 from ..durable import atomic_write
@@ -194,11 +195,12 @@ class LocalRunner:
     def _start_ticker(self) -> None:
         # Functions need a clock that fires with an idle input (DESIGN §5): on a broker without
         # delayed delivery the runner, not a deliver_after chain, produces the ticks.
-        uc = self.spec.user_config or {}
-        topic = uc.get("tickTopic")
-        if not topic or str(uc.get("tickMode", "runner")) != "runner":
+        # The three tick keys read with the functions' own converters (config/settings.py).
+        uc = self.spec.user_config
+        topic = read_setting(uc, "tickTopic", to_str, "")
+        if not topic or read_setting(uc, "tickMode", to_str, "runner") != "runner":
             return
-        interval = max(50, int(uc.get("tickTimeMillis", 1000))) / 1000.0
+        interval = max(50, read_setting(uc, "tickTimeMillis", to_int, 1000)) / 1000.0
         producer = self._tick_producer = self._clients[0].create_producer(topic, batching_enabled=False)
 
         def run() -> None:

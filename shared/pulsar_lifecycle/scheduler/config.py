@@ -1,70 +1,106 @@
-"""userConfig of BucketSnapshotWriter: parsed once, unknown keys rejected."""
+"""userConfig of BucketSnapshotWriter: declared once as WriterConfig fields (config/settings.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
+from ..config.settings import (
+    ConfigError, check_settings, parse_settings, read_setting, setting, settings_of, to_str, user_config_keys)
 from ..dedup.publisher import normalize_topic
-
-# userConfig key -> (attribute, default, meaning). docs/configuration.md is generated from this.
-WRITER_KEYS: Dict[str, tuple] = {
-    "schedulingTopic": ("scheduling_topic", "", "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client. Keep it also a function input (on the same subscription, e.g. `receiverQueueSize: 1`, as the shipped config does) so the first scheduling message starts a fresh deployment; then the inputs are it and `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md)."),
-    "schedulingSubscription": ("scheduling_subscription", "", "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name. When the scheduling topic is also an input it must be the function's subscription (`subName`, or the default)."),
-    "snapshotStorage": ("snapshot_storage", "directory", "Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service)."),
-    "snapshotDir": ("snapshot_dir", "", "Directory of the embedded snapshot store. Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; anywhere else it must be set (or use `bookkeeper`)."),
-    "replaceIndexId": ("replace_index_id", "", "Set only when the writer refuses to start because its bucket index is missing or not the one its dedup state follows, and that index is lost for good: the id the error names. The writer then starts a new index (the lost index's pending messages are gone); a stale value is harmless."),
-    "snapshotStorageServiceUrl": ("snapshot_storage_service_url", "", "`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`."),
-    "allowedTargetPrefix": ("allowed_target_prefix", "", "Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused."),
-    "maxDelaySeconds": ("max_delay_seconds", 400 * 86400, "Deliver-at times further than this in the future are refused (sent to invalidMessageTopic)."),
-    "invalidMessageTopic": ("invalid_message_topic", "", "Where malformed scheduling messages go, with the reason in `__pl_error__`; default `<first input>-INVALID`."),
-    "tickTopic": ("tick_topic", "", "Input topic of wake ticks: at each start the writer sends one and keeps one unacked, which Pulsar redelivers to the next instance after a restart, so it wakes with an idle scheduling topic (docs/architecture.md, \"Clock\")."),
-    "tickMode": ("tick_mode", "runner", "`hold` (shipped): only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked, never re-sent); `chain`: the retired deliver_after chain, now the same as `hold` (a chain multiplied with every extra tick and ran away on brokers that ignore deliver_after)."),
-    "tickTimeMillis": ("tick_time_millis", 1000, "Longest idle wait of the release thread, and the local runner's tick period in `runner` mode (Pulsar's delayedDeliveryTickTimeMillis)."),
-    "ingestBatchSize": ("ingest_batch_size", 500, "Scheduling messages made durable together in one journal write before they are acked."),
-    "ingestBatchDelayMillis": ("ingest_batch_delay_millis", 5, "Longest wait to fill an ingest batch."),
-    "releaseBatchSize": ("release_batch_size", 1000, "Releases taken from the index per round."),
-    "commitIntervalMillis": ("commit_interval_millis", 100, "How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them)."),
-    "producerName": ("producer_name", "", "Stable producer name of the release publisher; default `<tenant>/<namespace>/<name>-<instance>-release`."),
-    "metricsIntervalSeconds": ("metrics_interval_seconds", 10, "How often the pulsar_delayed_message_index_* metrics are recorded."),
-    "snapshotDeletion": ("snapshot_deletion", "direct", "How exhausted/merged snapshots are removed: `direct` (delete from the store) or `two-phase` (a DELAYED_INDEX_BUCKET request to LedgerDeletionWorker, PIP-186)."),
-    "snapshotDeletionNamespace": ("snapshot_deletion_namespace", "pulsar/system", "Namespace of the deletion topics used with `two-phase` (the worker's deletionNamespace); targets under it are always allowed."),
-    "snapshotDeletionTopicName": ("snapshot_deletion_topic_name", "__ledger_deletion", "Deletion topic base name (the worker's deletionTopicName)."),
-    "snapshotDeletionParallelism": ("snapshot_deletion_parallelism", 4, "Partitions of the deletion topic (the worker's ledgerDeletionParallelism)."),
-    "snapshotDeletionSendDelaySeconds": ("snapshot_deletion_send_delay_seconds", 60, "Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself."),
-}
-
+from ..deletion.config import DeletionConfig
 
 TICK_MODES = ("hold", "runner", "chain")
+# The snapshotDeletion* keys mirror the LedgerDeletionWorker's: same defaults, declared there.
+_WORKER = {f.name: f.default for f in fields(DeletionConfig)}
 
 
 @dataclass(frozen=True)
 class WriterConfig:
-    """BucketSnapshotWriter settings plus the bucket engine's (BucketConfig)."""
+    """BucketSnapshotWriter settings (one field per userConfig key) plus the bucket engine's
+    (BucketConfig, whose keys the writer also reads)."""
 
-    scheduling_topic: str = ""
-    scheduling_subscription: str = ""
-    snapshot_storage: str = "directory"
-    snapshot_dir: str = ""
-    replace_index_id: str = ""
-    snapshot_storage_service_url: str = ""
-    allowed_target_prefix: str = ""
-    max_delay_seconds: int = 400 * 86400
-    invalid_message_topic: str = ""
-    tick_topic: str = ""
-    tick_mode: str = "runner"
-    tick_time_millis: int = 1000
-    ingest_batch_size: int = 500
-    ingest_batch_delay_millis: int = 5
-    release_batch_size: int = 1000
-    commit_interval_millis: int = 100
-    producer_name: str = ""
-    metrics_interval_seconds: int = 10
-    snapshot_deletion: str = "direct"
-    snapshot_deletion_namespace: str = "pulsar/system"
-    snapshot_deletion_topic_name: str = "__ledger_deletion"
-    snapshot_deletion_parallelism: int = 4
-    snapshot_deletion_send_delay_seconds: int = 60
+    scheduling_topic: str = setting(
+        'schedulingTopic', '',
+        "Direct intake: the scheduling topic the writer consumes itself, in batches, through the runtime's client. Keep it also a function input (on the same subscription, e.g. `receiverQueueSize: 1`, as the shipped config does) so the first scheduling message starts a fresh deployment; then the inputs are it and `tickTopic`. Empty = runtime intake: the one input besides `tickTopic` is the scheduling topic, one message per process() call (about 3x slower, see docs/benchmarks.md).")
+    scheduling_subscription: str = setting(
+        'schedulingSubscription', '',
+        "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name. When the scheduling topic is also an input it must be the function's subscription (`subName`, or the default).")
+    snapshot_storage: str = setting(
+        'snapshotStorage', 'directory',
+        'Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service).',
+        choices=("directory", "bookkeeper"))
+    snapshot_dir: str = setting(
+        'snapshotDir', '',
+        'Directory of the embedded snapshot store. Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; anywhere else it must be set (or use `bookkeeper`).')
+    replace_index_id: str = setting(
+        'replaceIndexId', '',
+        "Set only when the writer refuses to start because its bucket index is missing or not the one its dedup state follows, and that index is lost for good: the id the error names. The writer then starts a new index (the lost index's pending messages are gone); a stale value is harmless.")
+    snapshot_storage_service_url: str = setting(
+        'snapshotStorageServiceUrl', '',
+        '`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`.')
+    allowed_target_prefix: str = setting(
+        'allowedTargetPrefix', '',
+        'Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused.')
+    max_delay_seconds: int = setting(
+        'maxDelaySeconds', 400 * 86400,
+        'Deliver-at times further than this in the future are refused (sent to invalidMessageTopic).',
+        minimum=1)
+    invalid_message_topic: str = setting(
+        'invalidMessageTopic', '',
+        'Where malformed scheduling messages go, with the reason in `__pl_error__`; default `<first input>-INVALID`.')
+    tick_topic: str = setting(
+        'tickTopic', '',
+        'Input topic of wake ticks: at each start the writer sends one and keeps one unacked, which Pulsar redelivers to the next instance after a restart, so it wakes with an idle scheduling topic (docs/architecture.md, "Clock").')
+    tick_mode: str = setting(
+        'tickMode', 'runner',
+        '`hold` (shipped): only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked, never re-sent); `chain`: the retired deliver_after chain, now the same as `hold` (a chain multiplied with every extra tick and ran away on brokers that ignore deliver_after).',
+        choices=TICK_MODES)
+    tick_time_millis: int = setting(
+        'tickTimeMillis', 1000,
+        "Longest idle wait of the release thread, and the local runner's tick period in `runner` mode (Pulsar's delayedDeliveryTickTimeMillis).",
+        minimum=1)
+    ingest_batch_size: int = setting(
+        'ingestBatchSize', 500,
+        'Scheduling messages made durable together in one journal write before they are acked.',
+        minimum=1)
+    ingest_batch_delay_millis: int = setting(
+        'ingestBatchDelayMillis', 5,
+        'Longest wait to fill an ingest batch.',
+        minimum=0)
+    release_batch_size: int = setting(
+        'releaseBatchSize', 1000,
+        'Releases taken from the index per round.',
+        minimum=1)
+    commit_interval_millis: int = setting(
+        'commitIntervalMillis', 100,
+        'How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them).',
+        minimum=1)
+    producer_name: str = setting(
+        'producerName', '',
+        'Stable producer name of the release publisher; default `<tenant>/<namespace>/<name>-<instance>-release`.')
+    metrics_interval_seconds: int = setting(
+        'metricsIntervalSeconds', 10,
+        'How often the pulsar_delayed_message_index_* metrics are recorded.',
+        minimum=1)
+    snapshot_deletion: str = setting(
+        'snapshotDeletion', 'direct',
+        'How exhausted/merged snapshots are removed: `direct` (delete from the store) or `two-phase` (a DELAYED_INDEX_BUCKET request to LedgerDeletionWorker, PIP-186).',
+        choices=("direct", "two-phase"))
+    snapshot_deletion_namespace: str = setting(
+        'snapshotDeletionNamespace', _WORKER['deletion_namespace'],
+        "Namespace of the deletion topics used with `two-phase` (the worker's deletionNamespace); targets under it are always allowed.")
+    snapshot_deletion_topic_name: str = setting(
+        'snapshotDeletionTopicName', _WORKER['deletion_topic_name'],
+        "Deletion topic base name (the worker's deletionTopicName).")
+    snapshot_deletion_parallelism: int = setting(
+        'snapshotDeletionParallelism', _WORKER['ledger_deletion_parallelism'],
+        "Partitions of the deletion topic (the worker's ledgerDeletionParallelism).",
+        minimum=1)
+    snapshot_deletion_send_delay_seconds: int = setting(
+        'snapshotDeletionSendDelaySeconds', _WORKER['send_delay_seconds'],
+        'Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself.',
+        minimum=0)
     bucket: BucketConfig = field(default_factory=BucketConfig)
 
     @property
@@ -76,66 +112,37 @@ class WriterConfig:
         return tuple(out)
 
     def __post_init__(self) -> None:
-        if self.snapshot_storage not in ("directory", "bookkeeper"):
-            raise ValueError(f"userConfig snapshotStorage must be 'directory' or 'bookkeeper', got {self.snapshot_storage!r}")
+        check_settings(self)
         if self.snapshot_storage == "bookkeeper" and not self.snapshot_storage_service_url.startswith("bk://"):
-            raise ValueError("userConfig snapshotStorage=bookkeeper needs snapshotStorageServiceUrl bk://host:port")
-        if self.tick_mode not in TICK_MODES:
-            raise ValueError(f"userConfig tickMode must be one of {', '.join(repr(m) for m in TICK_MODES)}, "
-                             f"got {self.tick_mode!r}")
-        for name in ("max_delay_seconds", "tick_time_millis", "ingest_batch_size", "release_batch_size",
-                     "commit_interval_millis", "metrics_interval_seconds"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"userConfig {_key_of(name)} must be > 0, got {getattr(self, name)!r}")
-        if self.snapshot_deletion not in ("direct", "two-phase"):
-            raise ValueError(f"userConfig snapshotDeletion must be 'direct' or 'two-phase', got {self.snapshot_deletion!r}")
-        if self.snapshot_deletion_parallelism <= 0 or self.snapshot_deletion_send_delay_seconds < 0:
-            raise ValueError("userConfig snapshotDeletionParallelism must be > 0 and snapshotDeletionSendDelaySeconds >= 0")
-        if self.ingest_batch_delay_millis < 0:
-            raise ValueError("userConfig ingestBatchDelayMillis must be >= 0")
+            raise ConfigError("userConfig snapshotStorage=bookkeeper needs snapshotStorageServiceUrl bk://host:port")
+
+    @classmethod
+    def from_user_config(cls, user_config: Optional[Mapping[str, Any]], topic: str = "",
+                         cursor: str = "") -> "WriterConfig":
+        """userConfig -> WriterConfig (bucket keys go to its BucketConfig); an unknown key is an
+        error listing the valid ones."""
+        bucket = parse_settings(BucketConfig, _pick(user_config, BucketConfig), function=FUNCTION,
+                                extra={"topic": topic, "cursor": cursor})
+        return parse_settings(cls, user_config, function=FUNCTION, also_known=list(settings_of(BucketConfig)),
+                              extra={"bucket": bucket})
 
 
-def _key_of(attr: str) -> str:
-    return next(k for k, v in WRITER_KEYS.items() if v[0] == attr)
+FUNCTION = "BucketSnapshotWriter"
 
 
-def bucket_keys() -> Dict[str, str]:
-    """userConfig names of the bucket engine settings (Pulsar's broker.conf names)."""
-    out = {}
-    for f in fields(BucketConfig):
-        if f.name in ("topic", "cursor"):
-            continue
-        parts = f.name.split("_")
-        out[parts[0] + "".join(p.capitalize() for p in parts[1:])] = f.name
-    return out
+def _pick(user_config: Optional[Mapping[str, Any]], cls: type) -> Dict[str, Any]:
+    known = settings_of(cls)
+    return {k: v for k, v in (user_config or {}).items() if k in known}
 
 
-def all_user_config_keys() -> list:
+def all_user_config_keys() -> List[str]:
     """Every userConfig key BucketSnapshotWriter understands."""
-    return sorted(list(WRITER_KEYS) + list(bucket_keys()))
+    return user_config_keys(WriterConfig, BucketConfig)
 
 
 def parse_writer_config(user_config: Optional[Mapping[str, Any]], topic: str = "", cursor: str = "") -> WriterConfig:
-    """userConfig -> WriterConfig; an unknown key is an error listing the valid ones."""
-    writer: Dict[str, Any] = {}
-    bucket: Dict[str, Any] = {"topic": topic, "cursor": cursor}
-    bkeys = bucket_keys()
-    for key, value in (user_config or {}).items():
-        if key in WRITER_KEYS:
-            attr, default, _ = WRITER_KEYS[key]
-            if isinstance(default, int) and not isinstance(default, bool):
-                try:
-                    value = int(value)  # --user-config JSON goes through Gson: 5 -> 5.0
-                except (TypeError, ValueError):
-                    raise ValueError(f"userConfig {key} must be an integer, got {value!r}") from None
-            elif not isinstance(value, str):
-                raise ValueError(f"userConfig {key} must be a string, got {value!r}")
-            writer[attr] = value
-        elif key in bkeys:
-            bucket[bkeys[key]] = int(value)
-        else:
-            raise ValueError(f"unknown userConfig key {key!r} for BucketSnapshotWriter; valid keys: {all_user_config_keys()}")
-    return WriterConfig(bucket=BucketConfig(**bucket), **writer)
+    """userConfig -> WriterConfig (WriterConfig.from_user_config)."""
+    return WriterConfig.from_user_config(user_config, topic=topic, cursor=cursor)
 
 
 def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tuple[str, bool]:
@@ -146,10 +153,12 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
     intake: exactly one input besides the tick topic.
     """
     inputs = [normalize_topic(t) for t in input_topics]
-    tick = normalize_topic(str(user["tickTopic"])) if user.get("tickTopic") else ""
+    tick_topic = read_setting(user, "tickTopic", to_str, "")
+    tick = normalize_topic(tick_topic) if tick_topic else ""
     others = [t for t in inputs if t != tick]
-    if user.get("schedulingTopic"):
-        topic = normalize_topic(str(user["schedulingTopic"]))
+    scheduling_topic = read_setting(user, "schedulingTopic", to_str, "")
+    if scheduling_topic:
+        topic = normalize_topic(scheduling_topic)
         if not tick or tick not in inputs:
             raise ValueError("userConfig schedulingTopic (direct intake) needs tickTopic, and the tick topic as the "
                              "function's input: ticks start the function and wake it after a restart")
@@ -164,27 +173,37 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
     return others[0], False
 
 
-def check_function_config(cfg: Mapping[str, Any]) -> List[str]:
-    """What `validate` can tell about a BucketSnapshotWriter config beyond field types: values
-    of known userConfig keys (unknown keys are reported by the key check) and the inputs."""
-    user = cfg.get("userConfig") if isinstance(cfg.get("userConfig"), Mapping) else {}
-    known = {k: v for k, v in user.items() if k in WRITER_KEYS or k in bucket_keys()}
+def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
+    """What `validate` can tell about a BucketSnapshotWriter config's inputs beyond field types:
+    the intake's inputs and one subscription for the scheduling topic's two consumers (the
+    values of its userConfig keys are checked by the registry, through WriterConfig)."""
+    raw = cfg.get("userConfig")
+    user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    known = {k: v for k, v in user.items() if k in all_user_config_keys()}
+
+    def text(key: str) -> str:
+        try:
+            return str(read_setting(known, key, to_str, ""))
+        except ConfigError:
+            return ""  # a bad value: reported once, by the registry's value check
+
+    topics = {"tickTopic": text("tickTopic"), "schedulingTopic": text("schedulingTopic")}
+    subscription = text("schedulingSubscription")
     inputs: List[str] = [t for t in (cfg.get("inputs") or []) if isinstance(t, str)]
     for key in ("inputSpecs", "customSerdeInputs"):
         if isinstance(cfg.get(key), Mapping):
             inputs += [t for t in cfg[key] if isinstance(t, str)]
     problems = []
-    sched = normalize_topic(str(known["schedulingTopic"])) if known.get("schedulingTopic") else ""
+    sched = normalize_topic(topics["schedulingTopic"]) if topics["schedulingTopic"] else ""
     if sched and sched in [normalize_topic(t) for t in inputs]:
         fqfn = f"{cfg.get('tenant', 'public')}/{cfg.get('namespace', 'default')}/{cfg.get('name', '')}"
         function_sub = cfg.get("subName") or fqfn
-        if (known.get("schedulingSubscription") or fqfn) != function_sub:
+        if (subscription or fqfn) != function_sub:
             problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
-                            f"({known.get('schedulingSubscription') or fqfn!r}) must be the function's subscription "
+                            f"({subscription or fqfn!r}) must be the function's subscription "
                             f"({function_sub!r}), or the two consumers get every message each")
-    for check in (lambda: parse_writer_config(known), lambda: scheduling_input(inputs, known)):
-        try:
-            check()
-        except (ValueError, TypeError) as exc:
-            problems.append(str(exc))
+    try:
+        scheduling_input(inputs, topics)
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
     return problems

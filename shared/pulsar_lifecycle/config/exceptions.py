@@ -1,0 +1,10 @@
+"""Errors of the config package."""
+from __future__ import annotations
+
+from ..exceptions import PulsarLifecycleError
+
+__all__ = ["ConfigError"]
+
+
+class ConfigError(PulsarLifecycleError, ValueError):
+    """A userConfig value or key is invalid; the message names the key and the value."""
