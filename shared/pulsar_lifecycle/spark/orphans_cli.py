@@ -174,6 +174,7 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
         finally:
             if service is not None:
                 service.close()
+            if client is not None:
                 client.close()
 
     from .cli import run_job
