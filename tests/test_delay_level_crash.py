@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from helpers import wait_for
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
