@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-
 from pulsar_lifecycle.deletion.model import PendingDeleteLedgerInfo
 from pulsar_lifecycle.deletion.ports import DeleteResult, LedgerStorage, OwnershipStatus
 

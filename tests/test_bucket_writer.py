@@ -4,17 +4,15 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pulsar
 import pytest
 
 from helpers import drain
-from writer_support import INTAKES, start_writer, writer_spec
-from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP, MessageRef
-from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import ERROR_PROP, RELEASED_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP, MessageRef
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
+from writer_support import INTAKES, start_writer, writer_spec
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

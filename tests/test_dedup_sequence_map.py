@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulsar_lifecycle.dedup import (
+    NO_SEQUENCE,
     CapacityError,
     DedupSnapshot,
-    NO_SEQUENCE,
     Position,
     SequenceError,
     SequenceMap,

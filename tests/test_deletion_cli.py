@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from helpers import drain
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.cli import deletion
 from pulsar_lifecycle.deletion.codec import decode, encode
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType, PendingDeleteLedgerInfo
@@ -16,7 +17,6 @@ from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 
 pytestmark = pytest.mark.integration
 

@@ -1,9 +1,8 @@
 """The phase-two decision procedure against the local admin and bookie servers."""
 from __future__ import annotations
 
-import pytest
-
 from deletion_support import req
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.codec import encode
 from pulsar_lifecycle.deletion.engine import Action, DeletionEngine
 from pulsar_lifecycle.deletion.engine import DeletionOutcome as Outcome
@@ -11,11 +10,10 @@ from pulsar_lifecycle.deletion.metrics import DeletionMetrics
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
 from pulsar_lifecycle.deletion.oracle import ComponentOracle, InternalStatsOracle, SnapshotManifestOracle
 from pulsar_lifecycle.deletion.routing import StorageRouter
-from pulsar_lifecycle.deletion.topics import DeletionTopics
-from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
-from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
 from pulsar_lifecycle.deletion.storage.snapshot import SnapshotStoreStorage
+from pulsar_lifecycle.deletion.topics import DeletionTopics
+from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
 from servers.bookie_http_server import pulsar_metadata
 
 T = "public/default/t-partition-0"

@@ -5,7 +5,8 @@ import io
 
 import fastavro
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pulsar_lifecycle.deletion.codec import PARSED_SCHEMA, RESERVED_PROPERTIES, SCHEMA_DICT, decode, encode
 from pulsar_lifecycle.deletion.config import DeletionConfig

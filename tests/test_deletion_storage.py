@@ -6,8 +6,8 @@ import os
 import pytest
 
 from deletion_support import req, s3_client
-from pulsar_lifecycle.deletion.model import InvalidRequestError, LedgerComponent, LedgerType, TopicRef
 from pulsar_lifecycle.deletion.admin import PulsarAdminClient, ledger_ids_from_internal_stats
+from pulsar_lifecycle.deletion.model import InvalidRequestError, LedgerComponent, LedgerType, TopicRef
 from pulsar_lifecycle.deletion.ports import DeleteResult, OwnershipStatus, StorageError
 from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
 from pulsar_lifecycle.deletion.storage.filesystem import FileSystemOffloadStorage

@@ -1,7 +1,6 @@
 """LedgerDeletionWorker end to end on the embedded broker, with 30% of bookie calls failing."""
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 

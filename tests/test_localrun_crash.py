@@ -1,7 +1,6 @@
 """The `pulsar-lifecycle localrun` process, killed and restarted: nothing lost, state kept."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess

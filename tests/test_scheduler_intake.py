@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from pulsar_lifecycle.bucket.records import DelayedMessage
-from pulsar_lifecycle.scheduling_protocol import BATCH_INDEX_PROP, CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.bucket import positions
+from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.scheduler.config import scheduling_input
 from pulsar_lifecycle.scheduler.intake import Cancel, Invalid, classify
+from pulsar_lifecycle.scheduling_protocol import BATCH_INDEX_PROP, CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 
 NOW = 1_700_000_000_000
 PREFIXES = ("persistent://public/default/",)

@@ -11,7 +11,6 @@ from typing import Optional, Tuple
 
 from .records import BATCH_BITS, MAX_BATCH_INDEX, MAX_INDEXABLE_ENTRY_ID, index_id, split_index_id
 
-
 __all__ = ["BATCH_BITS", "MAX_BATCH_INDEX", "MAX_INDEXABLE_ENTRY_ID", "encode", "decode"]
 
 

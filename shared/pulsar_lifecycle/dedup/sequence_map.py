@@ -21,6 +21,7 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Mapping, Optional, Set
+
 from ..exceptions import PulsarLifecycleError
 
 log = logging.getLogger(__name__)

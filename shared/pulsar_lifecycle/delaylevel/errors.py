@@ -1,8 +1,8 @@
 """Errors of the delay-level package."""
 from __future__ import annotations
-from ..exceptions import PulsarLifecycleError
 
 from ..config.exceptions import ConfigError
+from ..exceptions import PulsarLifecycleError
 
 
 class DelayLevelError(PulsarLifecycleError):

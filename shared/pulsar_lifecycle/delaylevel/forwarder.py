@@ -21,9 +21,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..scheduling_protocol import ERROR_PROP, TARGET_PROP
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
-from ..scheduling_protocol import format_message_ref
+from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from .errors import ParkedMessageError
 from .rule import (
     BASE_PROP,

@@ -18,9 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from ..bucket import positions
 from ..scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from ..topics import partition_name
-from ..bucket import positions
 from .errors import ParkedMessageError
 
 __all__ = [

@@ -11,13 +11,12 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..scheduling_protocol import CANCEL_PROP
-from ..scheduling_protocol import ProtocolError, parse_cancel_target
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
-from ..timing.delayed_producer import DelayedProducer
+from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
+from ..timing.delayed_producer import DelayedProducer
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError

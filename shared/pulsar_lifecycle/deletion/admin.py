@@ -10,9 +10,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Set
 
+from .model import TopicRef, java_url_encode
 from .ports import StorageError
 from .storage.http import HttpEndpoints
-from .model import TopicRef, java_url_encode
 
 log = logging.getLogger(__name__)
 

@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from .ports import DeleteResult, OwnershipStatus, StorageError
 from .cache import InUseState
 from .codec import decode
 from .model import InvalidRequestError, PendingDeleteLedgerInfo
 from .oracle import InUseVerdict, LedgerInUseOracle
+from .ports import DeleteResult, OwnershipStatus, StorageError
 from .routing import StorageRouter
 from .topics import DeletionTopics, check_tenant
 from .trusted import TrustedLedgerRegistry

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Protocol, runtime_checkable
 
 from .admin import PulsarAdminClient
-from .ports import StorageError
 from .cache import InUseSnapshot, InUseState, LedgersCache
 from .model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo, TopicRef
+from .ports import StorageError
 
 log = logging.getLogger(__name__)
 

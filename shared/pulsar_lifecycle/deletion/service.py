@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
 import pulsar
 
 from ..producers import ProducerPool
-from .admin import PulsarAdminClient
 from ..timing import DelayedProducer
+from .admin import PulsarAdminClient
 from .codec import encode
 from .exceptions import PendingDeleteSendError
 from .metrics import DeletionMetrics

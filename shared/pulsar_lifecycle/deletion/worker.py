@@ -11,24 +11,24 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import pulsar
 
 from ..producers import ProducerPool
 from ..runtime.context_api import pulsar_client
-from .admin import PulsarAdminClient
-from .storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from .storage.filesystem import FileSystemOffloadStorage
-from .storage.s3 import S3OffloadStorage, make_s3_client
-from .storage.snapshot import SnapshotStoreStorage
 from ..timing import DelayedProducer, now_ms
+from .admin import PulsarAdminClient
 from .config import DeletionConfig
 from .engine import Action, Decision, DeletionEngine
 from .metrics import DeletionMetrics
 from .model import LedgerComponent
 from .oracle import ComponentOracle, InternalStatsOracle, SnapshotManifestOracle
 from .routing import StorageRouter
+from .storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from .storage.filesystem import FileSystemOffloadStorage
+from .storage.s3 import S3OffloadStorage, make_s3_client
+from .storage.snapshot import SnapshotStoreStorage
 from .trusted import TrustedLedgerRegistry
 
 log = logging.getLogger(__name__)

@@ -19,6 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 from typing import Collection, Dict, List, Optional, Sequence, Tuple, Union
+
 from ..exceptions import PulsarLifecycleError
 
 logger = logging.getLogger(__name__)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib
 from typing import Any
+
 from ..exceptions import PulsarLifecycleError
 
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -8,6 +8,7 @@ so on an older runtime they stop with an error naming the version instead of an 
 from __future__ import annotations
 
 from typing import Any
+
 from ..exceptions import PulsarLifecycleError
 
 MIN_PULSAR_VERSION = "3.0.0"

@@ -14,22 +14,22 @@ import threading
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import pulsar
 
 from ..clock import wall_clock_ms
 from ..config.settings import read_setting, to_int, to_str
-from ..state import open_state_store
-from ..state.base import StateStore
 from ..durable import atomic_write
 from ..exceptions import PulsarLifecycleError
+from ..scheduling_protocol import TICK_PROP
+from ..state import open_state_store
+from ..state.base import StateStore
 from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .context import FunctionIdentity, LocalContext
 from .instance import FunctionInstance
 from .metrics import FunctionMetrics
-from ..scheduling_protocol import TICK_PROP
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any, List
 
 from ..bucket import BucketIndex
-from ..bucket.storage import BucketSnapshotStorage, DirectorySnapshotStorage, bookkeeper_snapshot_storage, lock_exclusively
+from ..bucket.storage import (
+    BucketSnapshotStorage,
+    DirectorySnapshotStorage,
+    bookkeeper_snapshot_storage,
+    lock_exclusively,
+)
 from ..dedup.publisher import DedupPublisher
 from ..deletion.service import LedgerDeletionService
 from ..deletion.topics import DeletionTopics

@@ -22,10 +22,10 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
-from ..clock import Clock, wall_clock_ms
 from ..bucket.proto.BucketIndexState_pb2 import ReleaseCursor
+from ..clock import Clock, wall_clock_ms
 from ..exceptions import PulsarLifecycleError
 
 log = logging.getLogger(__name__)

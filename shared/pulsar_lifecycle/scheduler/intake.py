@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
+from ..bucket import positions
+from ..bucket.records import DelayedMessage
+from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
     CANCEL_PROP,
@@ -13,9 +16,6 @@ from ..scheduling_protocol import (
     parse_cancel_target,
     parse_deliver_at,
 )
-from ..bucket.records import DelayedMessage
-from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
-from ..bucket import positions
 
 DEDUP_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
 

@@ -23,13 +23,13 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..scheduling_protocol import BATCH_INDEX_PROP, ERROR_PROP, ORIGIN_MSG_ID_PROP, RELEASED_AT_PROP, MessageRef
+from ..bucket import positions
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
-from ..dedup.publisher import DedupPublisher, OutMessage
 from ..clock import Clock, wall_clock_ms
+from ..dedup.publisher import DedupPublisher, OutMessage
 from ..durable import DurableWriteError
-from ..bucket import positions
+from ..scheduling_protocol import BATCH_INDEX_PROP, ERROR_PROP, ORIGIN_MSG_ID_PROP, RELEASED_AT_PROP, MessageRef
 from .config import WriterConfig
 from .intake import Cancel, Invalid
 

@@ -7,6 +7,7 @@ integers kept apart from values, and a missing key reads as None.
 from __future__ import annotations
 
 from typing import Optional, Protocol, runtime_checkable
+
 from ..exceptions import PulsarLifecycleError
 
 

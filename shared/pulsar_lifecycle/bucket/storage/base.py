@@ -13,7 +13,7 @@ the bucket/record; a missing snapshot is SnapshotNotFoundError.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from typing import List, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
 
 from ...exceptions import PulsarLifecycleError
 

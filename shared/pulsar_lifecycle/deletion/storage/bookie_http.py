@@ -11,11 +11,11 @@ import base64
 import binascii
 import logging
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence, Set
+from typing import Dict, Sequence, Set
 
+from ..model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo
 from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from .http import HttpEndpoints
-from ..model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import os
 import shutil
 from dataclasses import dataclass
 
-from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from ..model import InvalidRequestError, PendingDeleteLedgerInfo
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 

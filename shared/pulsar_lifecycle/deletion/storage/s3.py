@@ -11,8 +11,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
-from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from ..model import InvalidRequestError, PendingDeleteLedgerInfo
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 

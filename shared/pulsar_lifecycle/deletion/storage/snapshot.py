@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from ..model import PendingDeleteLedgerInfo, TopicRef
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 
