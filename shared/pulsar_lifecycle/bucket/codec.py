@@ -18,11 +18,11 @@ from typing import Iterable, List, Sequence, Tuple
 
 from google.protobuf.message import DecodeError
 
+from ..exceptions import PulsarLifecycleError
 from .proto import BucketIndexState_pb2 as state_pb2
 from .proto import DelayedMessageIndexBucketMetadata_pb2 as metadata_pb2
 from .proto import DelayedMessageIndexBucketSegment_pb2 as segment_pb2
 from .records import BATCH_BITS, DelayedMessage, ReleaseKey, split_index_id
-from ..exceptions import PulsarLifecycleError
 
 Item = Tuple[int, int, int, bytes]  # (ts, ledger_id, index_id, framed serialized DelayedIndex)
 

@@ -26,8 +26,8 @@ from ..bucket.codec import Manifest
 from ..bucket.storage import SnapshotNotFoundError
 from ..bucket.storage import StorageError as SnapshotStorageError
 from ..bucket.storage.directory import DirectorySnapshotStorage
-from ..deletion.model import TopicRef, java_url_encode
 from ..deletion.admin import ledger_ids_from_internal_stats
+from ..deletion.model import TopicRef, java_url_encode
 from ..deletion.ports import StorageError
 from ..deletion.storage.http import HttpEndpoints
 from .orphans_model import (

@@ -31,8 +31,8 @@ from ..bucket.codec import (
     parse_segment,
 )
 from ..bucket.config import BucketConfig
-from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
 from ..bucket.records import DelayedMessage
+from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
 from ..scheduler.intake import Cancel
 from .backlog import ClassifyOptions, as_properties, classify_row
 from .checks import (
