@@ -59,12 +59,9 @@ class SchedulingConsumer:
         log.info("event=scheduling_consumer_subscribed topic=%s subscription=%s batch_size=%d",
                  sub.topic, sub.subscription, sub.batch_size)
 
-    def take(self, idle_wait: bool = True) -> Optional[IntakeBatch]:
-        """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle (after
-        waiting up to IDLE_WAIT_MS for one message when idle_wait)."""
+    def take(self) -> Optional[IntakeBatch]:
+        """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
         msgs = self._consumer.batch_receive()
-        if not msgs and not idle_wait:
-            return None
         if not msgs:
             # Idle: block on one message instead of polling batch_receive every few ms.
             try:

@@ -73,9 +73,8 @@ class IntakeBatch:
 class IntakeSource(Protocol):
     """Where the intake thread gets its batches."""
 
-    def take(self, idle_wait: bool = True) -> Optional[IntakeBatch]:
-        """The next batch, or None after a short idle wait (none with idle_wait False; the intake
-        thread then checks stop)."""
+    def take(self) -> Optional[IntakeBatch]:
+        """The next batch, or None after a short idle wait (the intake thread then checks stop)."""
 
     def close(self) -> None:
         """Release the source (its unacked messages are redelivered)."""
@@ -114,39 +113,15 @@ class QueueIntake:
                 batch.append(self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait())
             except queue.Empty:
                 break
-        return _batch_of(batch)
 
-    def drain(self) -> Optional[IntakeBatch]:
-        """Whatever is queued right now (up to batch_size), without waiting; None when empty."""
-        items: List[Pending] = []
-        while len(items) < self._batch_size:
-            try:
-                items.append(self._queue.get_nowait())
-            except queue.Empty:
-                break
-        return _batch_of(items) if items else None
+        def ack() -> None:
+            for p in batch:
+                if p.ack is not None:
+                    p.ack()
+        return IntakeBatch(batch, ack)
 
     def close(self) -> None:
         """Nothing to release: queued items were never acked and are redelivered."""
-
-
-def _batch_of(items: List[Pending]) -> IntakeBatch:
-    def ack() -> None:
-        for p in items:
-            if p.ack is not None:
-                p.ack()
-    return IntakeBatch(items, ack)
-
-
-def _merged(a: Optional[IntakeBatch], b: Optional[IntakeBatch]) -> Optional[IntakeBatch]:
-    """One batch (one journal write, then both acks) of two sources' batches."""
-    if a is None or b is None:
-        return a if b is None else b
-
-    def ack() -> None:
-        a.ack()
-        b.ack()
-    return IntakeBatch(a.items + b.items, ack)
 
 
 class SchedulerService:
@@ -264,16 +239,11 @@ class SchedulerService:
 
     def _intake_loop(self) -> None:
         while not self._stop.is_set():
-            if self._source is self._queue:
-                batch = self._queue.take()
-            else:
-                # Direct intake: what reached process() (the scheduling topic is also an input, on
-                # the same subscription, so a fresh deployment starts) joins the direct consumer's
-                # next batch: one journal write for both. A write of its own for each message the
-                # runtime's queue-of-one consumer hands over cost the writer 3.5x its throughput
-                # (docs/benchmarks.md). With something queued the direct consumer does not idle-wait.
-                queued = self._queue.drain()
-                batch = _merged(queued, self._source.take(idle_wait=queued is None))
+            # Direct intake: what reached process() (the scheduling topic is also an input, on the
+            # same subscription, so a fresh deployment starts) is queued; take it first.
+            batch = self._queue.take(0) if self._source is not self._queue else None
+            if batch is None:
+                batch = self._source.take()
             if batch is None or not batch.items:
                 self.engine.maybe_seal(self.clock())
                 continue
