@@ -25,17 +25,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "functions"))
 
-from servers.bookie_http_server import BookieHttpServer, pulsar_metadata  # noqa: E402
-from servers.internal_stats_server import InternalStatsServer  # noqa: E402
-
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient  # noqa: E402
 from pulsar_lifecycle.deletion.codec import encode  # noqa: E402
-from pulsar_lifecycle.deletion.engine import DeletionEngine, Outcome  # noqa: E402
+from pulsar_lifecycle.deletion.engine import DeletionEngine  # noqa: E402
+from pulsar_lifecycle.deletion.engine import DeletionOutcome as Outcome  # noqa: E402
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType, PendingDeleteLedgerInfo  # noqa: E402
 from pulsar_lifecycle.deletion.oracle import ComponentOracle, InternalStatsOracle  # noqa: E402
 from pulsar_lifecycle.deletion.routing import StorageRouter  # noqa: E402
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage  # noqa: E402
 from pulsar_lifecycle.deletion.topics import DeletionTopics  # noqa: E402
-from pulsar_lifecycle.storage.admin import PulsarAdminClient  # noqa: E402
-from pulsar_lifecycle.storage.bookie_http import BookieHttpClient, BookieLedgerStorage  # noqa: E402
+from servers.bookie_http_server import BookieHttpServer, pulsar_metadata  # noqa: E402
+from servers.internal_stats_server import InternalStatsServer  # noqa: E402
 
 
 def populate(admin: InternalStatsServer, bookie: BookieHttpServer, n: int, topics: int, base: int) -> List[Tuple[str, int]]:

@@ -43,11 +43,10 @@ import pyarrow.parquet as pq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _writer_common as wc  # noqa: E402 - bench helpers live next to this file
-
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshotStorage  # noqa: E402
 from pulsar_lifecycle.bucket.records import DelayedMessage  # noqa: E402
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP  # noqa: E402
 from pulsar_lifecycle.scheduler.wake import send_wake_tick  # noqa: E402
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP  # noqa: E402
 from pulsar_lifecycle.spark.backlog import EXPORT_SCHEMA, as_properties, classify_row  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
 from pulsar_lifecycle.spark.seed import run_seed  # noqa: E402

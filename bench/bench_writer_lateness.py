@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence
 
+import _writer_common as wc
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
-
-import _writer_common as wc
 
 PRODUCER_START_MS = 1500  # margin for the paced producer's process start-up
 

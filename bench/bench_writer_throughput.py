@@ -36,11 +36,10 @@ from typing import Callable, Dict, List, Tuple
 
 import pulsar
 
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+import _writer_common as wc
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
-
-import _writer_common as wc
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 
 LOAD_WINDOW_MS = 1000  # deliver-at spread; all due before the process under test starts
 

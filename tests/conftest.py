@@ -12,7 +12,7 @@ from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-pytest_plugins = ["spark_fixtures"]
+pytest_plugins = ["spark_fixtures", "deletion_support"]
 
 
 @pytest.fixture(scope="session")

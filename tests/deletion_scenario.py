@@ -17,9 +17,9 @@ from deletion_support import S3_CREDS, req, s3_client
 from pulsar_lifecycle.deletion.codec import encode
 from pulsar_lifecycle.deletion.model import LedgerType, TopicRef
 from pulsar_lifecycle.deletion.service import LedgerDeletionService
+from pulsar_lifecycle.deletion.storage.s3 import object_keys
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
-from pulsar_lifecycle.storage.s3 import object_keys
 from pulsar_lifecycle.timing import DelayedProducer
 from servers.bookie_http_server import BookieHttpServer, pulsar_metadata
 from servers.internal_stats_server import InternalStatsServer

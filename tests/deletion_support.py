@@ -1,4 +1,4 @@
-"""Fixtures and builders shared by the test_deletion_* modules (import with `from deletion_support import ...`)."""
+"""Fixtures (registered in conftest.py) and request builders shared by the deletion tests."""
 from __future__ import annotations
 
 import os
@@ -58,6 +58,6 @@ def s3_server() -> Iterator[str]:
 
 def s3_client(endpoint: str):
     """A boto3 client for the moto server, reached over the network like a real endpoint."""
-    from pulsar_lifecycle.storage.s3 import make_s3_client
+    from pulsar_lifecycle.deletion.storage.s3 import make_s3_client
 
     return make_s3_client(endpoint, "us-east-1", **S3_CREDS)

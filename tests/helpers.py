@@ -46,7 +46,7 @@ def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List
         failed: List[int] = []
         for i in todo:
             props = properties[i] if properties else None
-            prod.send_async(payloads[i], lambda res, _mid, i=i: res == pulsar.Result.Ok or failed.append(i),
+            prod.send_async(payloads[i], lambda res, _mid, i=i, failed=failed: res == pulsar.Result.Ok or failed.append(i),
                             properties=props)
         prod.flush()
         if not failed:

@@ -31,7 +31,7 @@ def backlog_rows(ledgers: dict, base_ms: int, spread_ms: int, seed: int = 1, top
     spread over `spread_ms` after `base_ms` (with repeats), payload/key/properties varying."""
     import random
 
-    from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
+    from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 
     rnd = random.Random(seed)
     rows = []

@@ -9,7 +9,6 @@ from typing import Any, Dict, List
 
 import pytest
 
-from pulsar_lifecycle.bucket.engine import HORIZON_SLACK_MS
 from pulsar_lifecycle.bucket import (
     BucketConfig,
     BucketIndex,
@@ -21,6 +20,7 @@ from pulsar_lifecycle.bucket import (
     NotRecoveredError,
     StorageError,
 )
+from pulsar_lifecycle.bucket.engine import HORIZON_SLACK_MS
 from pulsar_lifecycle.bucket.keys import parse_bucket_key
 
 

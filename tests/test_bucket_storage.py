@@ -18,7 +18,7 @@ from pulsar_lifecycle.bucket import (
     StorageError,
 )
 from pulsar_lifecycle.bucket.storage import BucketSnapshotStorage
-from pulsar_lifecycle.bucket.storage_bk import BookKeeperTableSnapshotStorage
+from pulsar_lifecycle.bucket.storage.bookkeeper import BookKeeperTableSnapshotStorage
 from servers.bk_table_server import TableServer, start_table_server
 
 

@@ -11,9 +11,9 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from pyroaring import BitMap
 
 from pulsar_lifecycle.bucket import BucketConfig, DelayedMessage
-from pulsar_lifecycle.bucket.records import index_id
 from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps, deserialize_bitmap, serialize_bitmap
 from pulsar_lifecycle.bucket.codec import (
+    CorruptRecordError,
     DelayedIndex,
     JournalRecord,
     SnapshotMetadata,
@@ -21,16 +21,17 @@ from pulsar_lifecycle.bucket.codec import (
     SnapshotSegmentMetadata,
     decode_item,
     encode_item,
-    encode_segment,
     encode_journal_add,
+    encode_segment,
     frame,
     join_blobs,
     parse,
-    CorruptRecordError,
 )
 from pulsar_lifecycle.bucket.keys import bucket_key, is_bucket_key, parse_bucket_key
 from pulsar_lifecycle.bucket.merge_policy import select_merge_window
-from pulsar_lifecycle.bucket.protocol import (
+from pulsar_lifecycle.bucket.records import index_id
+from pulsar_lifecycle.bucket.segments import SegmentCutter, cut_bounds, cut_segments, snapshot_metadata
+from pulsar_lifecycle.scheduling_protocol import (
     CANCEL_PROP,
     DELIVER_AT_PROP,
     ORIGIN_MSG_ID_PROP,
@@ -41,7 +42,6 @@ from pulsar_lifecycle.bucket.protocol import (
     parse_deliver_at,
     parse_origin_msg_id,
 )
-from pulsar_lifecycle.bucket.segments import SegmentCutter, cut_bounds, cut_segments, snapshot_metadata
 
 PROTO_DIR = Path(__file__).resolve().parents[1] / "shared" / "pulsar_lifecycle" / "bucket" / "proto"
 

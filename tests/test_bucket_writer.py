@@ -4,50 +4,18 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import pulsar
 import pytest
 
 from helpers import drain
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
-from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import ERROR_PROP, RELEASED_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP, MessageRef
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
+from writer_support import INTAKES, start_writer, writer_spec
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
-
-
-INTAKES = ("direct", "runtime")
-
-
-def writer_spec(unique: str, tmp_path: Path, intake: str = "direct", **user):
-    """The shipped writer config with this test's topics.
-
-    intake "direct" (the shipped config): userConfig schedulingTopic, the writer's own batch
-    consumer, and the scheduling topic also an input (receiver queue 1) that starts the function;
-    "runtime": no schedulingTopic, one scheduling message per process() call.
-    """
-    cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
-    sched = f"persistent://public/default/sched-{unique}"
-    ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
-    cfg["output"] = f"persistent://public/default/released-{unique}"
-    cfg["name"] = f"writer-{unique}"
-    user_config = dict(cfg["userConfig"], tickTopic=ticks, snapshotDir=str(tmp_path / "snapshots"),
-                       tickTimeMillis=200, schedulingTopic=sched, **user)
-    cfg["inputSpecs"][sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}
-    if intake == "runtime":
-        del user_config["schedulingTopic"]
-    else:
-        cfg["inputSpecs"][sched]["receiverQueueSize"] = 1
-    cfg["userConfig"] = user_config
-    return spec_from_config(cfg), sched
-
-
-def start_writer(broker, tmp_path, spec) -> LocalRunner:
-    return LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path)).start()
 
 
 @pytest.mark.parametrize("intake", INTAKES)
@@ -76,7 +44,10 @@ def test_messages_leave_on_time_with_payload_key_properties(broker, tmp_path, un
         props = m.properties()
         i = props["k"]
         assert props[DELIVER_AT_PROP] == str(at)
-        assert props[ORIGIN_MSG_ID_PROP] == f"{mid.ledger_id()}:{mid.entry_id()}:{mid.partition()}"
+        # The whole position of the scheduling message, batch index 0 included (issue 9 defect b:
+        # DelayedProducer batches, so this was "<ledger>:<entry>:<partition>" without the ":0").
+        assert props[ORIGIN_MSG_ID_PROP] == MessageRef(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index()).format()
+        assert MessageRef.parse(props[ORIGIN_MSG_ID_PROP]).batch_index == mid.batch_index()
         assert m.partition_key() == f"key{i}" and m.event_timestamp() == 1_000_000 + int(i)
         assert int(props[RELEASED_AT_PROP]) >= at, f"released {at - int(props[RELEASED_AT_PROP])} ms early"
     assert arrival >= max(at for at, _ in sent.values())

@@ -16,7 +16,7 @@ from helpers import drain
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
-from test_bucket_writer import INTAKES, start_writer, writer_spec
+from writer_support import INTAKES, start_writer, writer_spec
 
 pytestmark = pytest.mark.integration
 

@@ -13,11 +13,11 @@ import pulsar
 import pytest
 import yaml
 
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
 from helpers import publish_all, wait_for
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -135,7 +135,7 @@ def test_writer_localrun_exits_zero_on_sigterm_after_a_broker_restart(tmp_path, 
                                          "--broker-service-url", broker.service_url, "--data-dir",
                                          str(tmp_path / "data")], cwd=tmp_path, stdout=log, stderr=log,
                                         stdin=subprocess.DEVNULL)
-            assert wait_for(lambda: "running " in (tmp_path / f"localrun{i}.log").read_text(), timeout=30)
+            assert wait_for(lambda i=i: "running " in (tmp_path / f"localrun{i}.log").read_text(), timeout=30)
             time.sleep(1.0)
             broker.restart()
             time.sleep(1.0)

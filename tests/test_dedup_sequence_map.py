@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pulsar_lifecycle.dedup import (
+    NO_SEQUENCE,
     CapacityError,
     DedupSnapshot,
-    NO_SEQUENCE,
     Position,
     SequenceError,
     SequenceMap,
@@ -192,7 +192,7 @@ def test_recovery_from_snapshot_plus_tail_equals_full_history(ops, crash_at, int
     live = SequenceMap(T, snapshot_interval=interval)
     log = []  # the topic: (producer, seq, position) of every persisted entry
     last_snap = None
-    for i, (p, seq, persisted) in enumerate(ops[:crash_at]):
+    for _i, (p, seq, persisted) in enumerate(ops[:crash_at]):
         if not live.should_publish(p, seq):
             continue
         live.mark_pushed(p, seq)

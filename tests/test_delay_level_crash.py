@@ -19,13 +19,12 @@ import pulsar
 import pytest
 import yaml
 
-from helpers import wait_for
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -14,7 +14,7 @@ from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import tick_topic
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
-from pulsar_lifecycle.scheduler.wake import TICK_PROP
+from pulsar_lifecycle.scheduling_protocol import TICK_PROP
 from pulsar_lifecycle.timing import DelayedProducer
 
 pytestmark = pytest.mark.integration

@@ -10,9 +10,13 @@ import pulsar
 import pytest
 
 from helpers import drain, receive_payloads, shipped_writer_spec, wait_for
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY
-from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, DelayTooLongError, PartitionBy, ShrinkRefusedError
+from pulsar_lifecycle.delaylevel import (
+    DelayLevelTopicPartitionStrategy,
+    DelayTooLongError,
+    PartitionBy,
+    ShrinkRefusedError,
+)
 from pulsar_lifecycle.delaylevel.admin import AdminView
 from pulsar_lifecycle.delaylevel.config import parse_syncer_config
 from pulsar_lifecycle.delaylevel.forwarder import ERROR_PROP
@@ -21,6 +25,7 @@ from pulsar_lifecycle.delaylevel.rule import ORIGIN_MSG_ID_PROP, ORIGIN_PARTITIO
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.state.directory import DirectoryStateStore
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from servers.pulsar_admin_server import PulsarAdminServer

@@ -7,8 +7,8 @@ import pulsar
 import pytest
 from click.testing import CliRunner
 
-from deletion_support import admin_server  # noqa: F401
 from helpers import drain
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.cli import deletion
 from pulsar_lifecycle.deletion.codec import decode, encode
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType, PendingDeleteLedgerInfo
@@ -17,7 +17,6 @@ from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.storage.admin import PulsarAdminClient
 
 pytestmark = pytest.mark.integration
 
@@ -45,7 +44,7 @@ def test_failed_send_fails_the_call():
     client.close()
 
 
-def test_service_creates_partitioned_topics_and_sends(broker, admin_server, unique):  # noqa: F811
+def test_service_creates_partitioned_topics_and_sends(broker, admin_server, unique):
     topics = DeletionTopics(topic_name=f"__ld_{unique.replace('-', '_')}")
     client = quiet_client(broker.service_url)
     service = LedgerDeletionService(client, topics, None, send_delay_seconds=0,

@@ -1,20 +1,19 @@
 """The phase-two decision procedure against the local admin and bookie servers."""
 from __future__ import annotations
 
-import pytest
-
-from deletion_support import admin_server, bookie_server, req  # noqa: F401
+from deletion_support import req
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.codec import encode
-from pulsar_lifecycle.deletion.engine import Action, DeletionEngine, Outcome
+from pulsar_lifecycle.deletion.engine import Action, DeletionEngine
+from pulsar_lifecycle.deletion.engine import DeletionOutcome as Outcome
 from pulsar_lifecycle.deletion.metrics import DeletionMetrics
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
 from pulsar_lifecycle.deletion.oracle import ComponentOracle, InternalStatsOracle, SnapshotManifestOracle
 from pulsar_lifecycle.deletion.routing import StorageRouter
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from pulsar_lifecycle.deletion.storage.snapshot import SnapshotStoreStorage
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.deletion.trusted import TrustedLedgerRegistry
-from pulsar_lifecycle.storage.admin import PulsarAdminClient
-from pulsar_lifecycle.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from pulsar_lifecycle.storage.snapshot import SnapshotStoreStorage
 from servers.bookie_http_server import pulsar_metadata
 
 T = "public/default/t-partition-0"
@@ -35,7 +34,7 @@ def make_engine(admin_url, bookie_url, clock=None, trusted=None, topics=None, **
     return DeletionEngine(ComponentOracle(default=oracle), router, topics or DeletionTopics(), trusted, **kw), oracle
 
 
-def test_deletes_a_ledger_removed_from_metadata(admin_server, bookie_server):  # noqa: F811
+def test_deletes_a_ledger_removed_from_metadata(admin_server, bookie_server):
     admin_server.set_topic(T, ledgers=[1, 2, 3])
     for i in (1, 2, 3):
         bookie_server.add_ledger(i, pulsar_metadata(T))
@@ -49,7 +48,7 @@ def test_deletes_a_ledger_removed_from_metadata(admin_server, bookie_server):  #
     assert (d2.action, d2.outcome) == (Action.ACK, Outcome.ALREADY_GONE)
 
 
-def test_in_use_ledger_is_never_deleted(admin_server, bookie_server):  # noqa: F811
+def test_in_use_ledger_is_never_deleted(admin_server, bookie_server):
     admin_server.set_topic(T, ledgers=[1, 2], cursors={"sub": 3}, schema_ledgers=[4])
     for i in (1, 2, 3, 4):
         bookie_server.add_ledger(i, pulsar_metadata(T))
@@ -60,7 +59,7 @@ def test_in_use_ledger_is_never_deleted(admin_server, bookie_server):  # noqa: F
     assert all(bookie_server.exists(i) for i in (1, 2, 3, 4))
 
 
-def test_stale_cache_rule_and_one_load_per_ttl(admin_server, bookie_server):  # noqa: F811
+def test_stale_cache_rule_and_one_load_per_ttl(admin_server, bookie_server):
     clock = Clock()
     admin_server.set_topic(T, ledgers=[5, 6])
     for i in (5, 6, 7):
@@ -82,7 +81,7 @@ def test_stale_cache_rule_and_one_load_per_ttl(admin_server, bookie_server):  # 
     assert (oracle.cache.stats.hits, oracle.cache.stats.misses) == (2, 2)
 
 
-def test_forged_request_deletes_nothing(admin_server, bookie_server):  # noqa: F811
+def test_forged_request_deletes_nothing(admin_server, bookie_server):
     victim = "public/default/victim-partition-0"
     admin_server.set_topic(T, ledgers=[10, 30])
     admin_server.set_topic(victim, ledgers=[11])
@@ -98,7 +97,7 @@ def test_forged_request_deletes_nothing(admin_server, bookie_server):  # noqa: F
     assert bookie_server.delete_calls == 0
 
 
-def test_trusted_ids_skip_the_metadata_fetch(admin_server, bookie_server):  # noqa: F811
+def test_trusted_ids_skip_the_metadata_fetch(admin_server, bookie_server):
     admin_server.set_topic(T, ledgers=[20])
     bookie_server.add_ledger(1, {})  # no ownership metadata at all
     trusted = TrustedLedgerRegistry()
@@ -111,7 +110,7 @@ def test_trusted_ids_skip_the_metadata_fetch(admin_server, bookie_server):  # no
     assert bookie_server.exists(1) and not bookie_server.exists(2)
 
 
-def test_malformed_and_unsupported_go_to_the_dlq(admin_server, bookie_server):  # noqa: F811
+def test_malformed_and_unsupported_go_to_the_dlq(admin_server, bookie_server):
     engine, _ = make_engine(admin_server.url, bookie_server.url)
     d = engine.handle(b"\x02garbage", 0, SRC)
     assert d.action is Action.DEAD_LETTER and d.outcome is Outcome.REJECTED and "malformed" in d.reason
@@ -122,7 +121,7 @@ def test_malformed_and_unsupported_go_to_the_dlq(admin_server, bookie_server):  
     assert d.action is Action.DEAD_LETTER and "DELAYED_INDEX_BUCKET" in d.reason
 
 
-def test_failures_retry_then_dead_letter(admin_server):  # noqa: F811
+def test_failures_retry_then_dead_letter(admin_server):
     from servers.bookie_http_server import BookieHttpServer
 
     admin_server.set_topic(T, ledgers=[9])
@@ -139,13 +138,13 @@ def test_failures_retry_then_dead_letter(admin_server):  # noqa: F811
         assert metrics.value("retried") == 3 and metrics.value("dead_lettered") == 2
 
 
-def test_topic_gone_means_not_in_use(admin_server, bookie_server):  # noqa: F811
+def test_topic_gone_means_not_in_use(admin_server, bookie_server):
     bookie_server.add_ledger(1, pulsar_metadata(T))
     engine, _ = make_engine(admin_server.url, bookie_server.url)
     assert engine.handle(encode(req(T, 1)), 0, SRC).outcome is Outcome.DELETED
 
 
-def test_tenant_scope_rejects_cross_tenant(admin_server, bookie_server):  # noqa: F811
+def test_tenant_scope_rejects_cross_tenant(admin_server, bookie_server):
     bookie_server.add_ledger(1, pulsar_metadata("acme/ns/t"))
     topics = DeletionTopics(scope="tenant")
     engine, _ = make_engine(admin_server.url, bookie_server.url, topics=topics)

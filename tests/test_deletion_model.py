@@ -5,9 +5,10 @@ import io
 
 import fastavro
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from pulsar_lifecycle.deletion.codec import PARSED_SCHEMA, SCHEMA_DICT, decode, encode
+from pulsar_lifecycle.deletion.codec import PARSED_SCHEMA, RESERVED_PROPERTIES, SCHEMA_DICT, decode, encode
 from pulsar_lifecycle.deletion.config import DeletionConfig
 from pulsar_lifecycle.deletion.model import (
     InvalidRequestError,
@@ -44,7 +45,8 @@ def requests(draw):
         ledger_id=lid,
         context=ctx,
         check_ledger_still_in_use=draw(st.booleans()),
-        properties=draw(st.dictionaries(names, names, max_size=3)),
+        # The codec refuses its own property names (a separate test); hypothesis can spell them.
+        properties=draw(st.dictionaries(names.filter(lambda k: k not in RESERVED_PROPERTIES), names, max_size=3)),
     )
 
 

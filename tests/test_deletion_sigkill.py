@@ -14,7 +14,6 @@ import pytest
 import yaml
 
 from deletion_scenario import build, collect_dlq, dlq_by_ledger, phase_one
-from deletion_support import s3_server  # noqa: F401
 from helpers import wait_for
 from pulsar_lifecycle.config.function_config import load_function_config
 from pulsar_lifecycle.deletion.topics import DeletionTopics
@@ -66,7 +65,7 @@ def _stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
-def test_sigkill_mid_stream(s3_server, tmp_path, unique):  # noqa: F811
+def test_sigkill_mid_stream(s3_server, tmp_path, unique):
     topics = DeletionTopics(topic_name=f"__ledger_deletion_{unique.replace('-', '_')}")
     with InternalStatsServer() as admin, BookieHttpServer(fail_rate=0.3, seed=11, fail_after_delete_rate=0.1) as bookie:
         bookie.latency_s = 0.01

@@ -5,21 +5,21 @@ import os
 
 import pytest
 
-from deletion_support import admin_server, bookie_server, req, s3_client, s3_server  # noqa: F401
+from deletion_support import req, s3_client
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient, ledger_ids_from_internal_stats
 from pulsar_lifecycle.deletion.model import InvalidRequestError, LedgerComponent, LedgerType, TopicRef
-from pulsar_lifecycle.storage.admin import PulsarAdminClient, ledger_ids_from_internal_stats
-from pulsar_lifecycle.storage.base import DeleteResult, OwnershipStatus, StorageError
-from pulsar_lifecycle.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from pulsar_lifecycle.storage.filesystem import FileSystemOffloadStorage
-from pulsar_lifecycle.storage.s3 import S3OffloadStorage, object_keys
-from pulsar_lifecycle.storage.snapshot import SnapshotStoreStorage
+from pulsar_lifecycle.deletion.ports import DeleteResult, OwnershipStatus, StorageError
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from pulsar_lifecycle.deletion.storage.filesystem import FileSystemOffloadStorage
+from pulsar_lifecycle.deletion.storage.s3 import S3OffloadStorage, object_keys
+from pulsar_lifecycle.deletion.storage.snapshot import SnapshotStoreStorage
 from servers.bookie_http_server import BookieHttpServer, pulsar_metadata
 
 T = "public/default/orders-partition-0"
 
 
 # -- admin internalStats ---------------------------------------------------------------------
-def test_internal_stats_ids(admin_server):  # noqa: F811
+def test_internal_stats_ids(admin_server):
     admin_server.set_topic(T, ledgers=[10, 11], cursors={"sub": 12, "idle": -1}, schema_ledgers=[3], compacted_ledger=20)
     admin = PulsarAdminClient.connect([admin_server.url])
     assert admin.in_use_ledger_ids(TopicRef.parse(T)) == {3, 10, 11, 12, 20}
@@ -27,7 +27,7 @@ def test_internal_stats_ids(admin_server):  # noqa: F811
     assert admin.calls == 2
 
 
-def test_partitioned_internal_stats_for_base_names(admin_server):  # noqa: F811
+def test_partitioned_internal_stats_for_base_names(admin_server):
     admin_server.set_partitioned("public/default/p", 2)
     admin_server.set_topic("public/default/p-partition-0", ledgers=[1], schema_ledgers=[7])
     admin_server.set_topic("public/default/p-partition-1", ledgers=[2], cursors={"s": 5})
@@ -36,7 +36,7 @@ def test_partitioned_internal_stats_for_base_names(admin_server):  # noqa: F811
     assert admin_server.calls_for("public/default/p", "partitioned-internalStats") == 1
 
 
-def test_admin_errors_and_failover(admin_server):  # noqa: F811
+def test_admin_errors_and_failover(admin_server):
     admin_server.set_topic(T, ledgers=[1])
     # The first URL refuses connections; the client moves on to the live one.
     admin = PulsarAdminClient.connect(["http://127.0.0.1:9", admin_server.url], timeout=2)
@@ -49,7 +49,7 @@ def test_admin_errors_and_failover(admin_server):  # noqa: F811
         ledger_ids_from_internal_stats({"ledgers": [{"noId": 1}]})
 
 
-def test_create_partitioned_topic(admin_server):  # noqa: F811
+def test_create_partitioned_topic(admin_server):
     admin = PulsarAdminClient.connect([admin_server.url])
     ref = TopicRef.parse("pulsar/system/__ledger_deletion")
     assert admin.create_partitioned_topic(ref, 4) is True
@@ -58,7 +58,7 @@ def test_create_partitioned_topic(admin_server):  # noqa: F811
 
 
 # -- bookie HTTP -----------------------------------------------------------------------------
-def test_bookie_owner_checks(bookie_server):  # noqa: F811
+def test_bookie_owner_checks(bookie_server):
     bookie_server.add_ledger(1, pulsar_metadata(T))
     bookie_server.add_ledger(2, pulsar_metadata(T, cursor="sub"))
     bookie_server.add_ledger(3, pulsar_metadata("public/default/orders", component="schema"))
@@ -113,7 +113,7 @@ def _keys(client, bucket):
     return {o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", [])}
 
 
-def test_s3_offload_storage(s3_server):  # noqa: F811
+def test_s3_offload_storage(s3_server):
     client = s3_client(s3_server)
     client.create_bucket(Bucket="offload")
     ml = TopicRef.parse(T).managed_ledger_name
@@ -137,7 +137,7 @@ def test_s3_offload_storage(s3_server):  # noqa: F811
 
 
 def test_s3_unreachable_is_transient():
-    from pulsar_lifecycle.storage.s3 import make_s3_client
+    from pulsar_lifecycle.deletion.storage.s3 import make_s3_client
 
     client = make_s3_client("http://127.0.0.1:9", "us-east-1", aws_access_key_id="x", aws_secret_access_key="y")
     st = S3OffloadStorage(client, default_bucket="b")

@@ -1,14 +1,12 @@
 """LedgerDeletionWorker end to end on the embedded broker, with 30% of bookie calls failing."""
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from deletion_scenario import build, collect_dlq, dlq_by_ledger, phase_one
-from deletion_support import s3_server  # noqa: F401
 from helpers import wait_for
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.deletion.operator import list_dlq, replay_dlq
@@ -40,7 +38,7 @@ def _runner(broker, sc, tmp_path, parallelism=2, **extra):
                                              nack_redelivery_delay_ms=1000)).start()
 
 
-def test_worker_under_storage_faults(broker, s3_server, tmp_path, unique):  # noqa: F811
+def test_worker_under_storage_faults(broker, s3_server, tmp_path, unique):
     topics = DeletionTopics(topic_name=f"__ledger_deletion_{unique.replace('-', '_')}")
     with InternalStatsServer() as admin, BookieHttpServer(fail_rate=0.3, seed=7) as bookie:
         sc = build(topics, admin, bookie, s3_server, tmp_path / "offload")

@@ -17,9 +17,9 @@ import yaml
 
 from diskfull import SmallDisk
 from helpers import drain, wait_for
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -16,7 +16,7 @@ from pulsar_lifecycle.bucket import BucketIndex
 from pulsar_lifecycle.bucket.config import BucketConfig
 from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket.storage import StorageError
-from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
 from pulsar_lifecycle.durable import DurableWriteError
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions

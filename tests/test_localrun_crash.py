@@ -1,7 +1,6 @@
 """The `pulsar-lifecycle localrun` process, killed and restarted: nothing lost, state kept."""
 from __future__ import annotations
 
-import os
 import random
 import signal
 import subprocess
@@ -55,7 +54,7 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
             prod = client.create_producer("persistent://public/default/example-input")
             for i in range(50):
                 prod.send(f"r{round_no}-{i}".encode())
-            assert wait_for(lambda: (store.get_counter("processed") or 0) >= 50 * (round_no + 1), timeout=30)
+            assert wait_for(lambda round_no=round_no: (store.get_counter("processed") or 0) >= 50 * (round_no + 1), timeout=30)
             client.close()
         finally:
             assert _stop(proc) == 0

@@ -7,9 +7,9 @@ import uuid as uuidlib
 
 import pytest
 
-from deletion_support import admin_server, bookie_server, s3_client, s3_server  # noqa: F401
+from deletion_support import s3_client
 from pulsar_lifecycle.bucket.codec import Manifest
-from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
 from pulsar_lifecycle.spark.orphans_enqueue import NotEnqueueable, enqueue_orphans, to_request
 from pulsar_lifecycle.spark.orphans_model import (
@@ -90,7 +90,7 @@ def test_rate_limiter_spaces_calls():
 
 
 # -- listings -----------------------------------------------------------------------------------------
-def test_bookie_listing_pages_and_metadata(bookie_server):  # noqa: F811
+def test_bookie_listing_pages_and_metadata(bookie_server):
     for lid in range(1, 251):
         bookie_server.add_ledger(lid, pulsar_metadata("public/default/t", cursor="s" if lid % 2 else None), 1000 + lid)
     got = list(BookieListing([bookie_server.url]).list())
@@ -103,7 +103,7 @@ def test_bookie_listing_pages_and_metadata(bookie_server):  # noqa: F811
         list(BookieListing([bookie_server.url]).list())
 
 
-def test_admin_in_use_walks_every_topic_rate_limited(admin_server):  # noqa: F811
+def test_admin_in_use_walks_every_topic_rate_limited(admin_server):
     admin_server.set_topic("public/default/t", ledgers=[1, 2], cursors={"s": 3, "idle": -1}, schema_ledgers=[4])
     admin_server.set_partitioned("public/default/p", 2)
     admin_server.set_topic("public/default/p-partition-0", ledgers=[5])
@@ -125,7 +125,7 @@ def test_admin_in_use_walks_every_topic_rate_limited(admin_server):  # noqa: F81
 BUCKET_ORPHANS = "orphans-s3-listing"
 
 
-def test_s3_listing(s3_server):  # noqa: F811
+def test_s3_listing(s3_server):
     client = s3_client(s3_server)
     # A bucket of its own: the moto server is shared by the session and the deletion tests fill
     # "offload" with ledgers of their own.

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
+from pulsar_lifecycle.bucket import positions
 from pulsar_lifecycle.bucket.records import DelayedMessage
-from pulsar_lifecycle.bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
-from pulsar_lifecycle.scheduler import positions
 from pulsar_lifecycle.scheduler.config import scheduling_input
 from pulsar_lifecycle.scheduler.intake import Cancel, Invalid, classify
+from pulsar_lifecycle.scheduling_protocol import BATCH_INDEX_PROP, CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 
 NOW = 1_700_000_000_000
 PREFIXES = ("persistent://public/default/",)
@@ -42,7 +42,7 @@ def test_an_empty_key_is_no_key_and_a_past_deliver_at_is_still_scheduled():
     ({DELIVER_AT_PROP: str(NOW), TARGET_PROP: "persistent://other/ns/t"}, "allowedTargetPrefix"),
     ({CANCEL_PROP: "12"}, "__pl_cancel__"),
     ({CANCEL_PROP: "1:2:x"}, "__pl_cancel__"),
-    ({CANCEL_PROP: f"1:{positions.MAX_ENTRY_ID + 1}"}, "position range"),
+    ({CANCEL_PROP: f"1:{positions.MAX_INDEXABLE_ENTRY_ID + 1}"}, "position range"),
 ])
 def test_bad_input_is_refused_with_a_reason_naming_the_problem(props, reason):
     item = run(props)
@@ -51,7 +51,7 @@ def test_bad_input_is_refused_with_a_reason_naming_the_problem(props, reason):
 
 
 def test_a_position_beyond_the_index_range_is_refused():
-    item = run({DELIVER_AT_PROP: str(NOW)}, position=(7, positions.MAX_ENTRY_ID + 1, -1, -1))
+    item = run({DELIVER_AT_PROP: str(NOW)}, position=(7, positions.MAX_INDEXABLE_ENTRY_ID + 1, -1, -1))
     assert isinstance(item, Invalid) and "position range" in item.reason
 
 
@@ -86,3 +86,13 @@ def test_an_upstream_dedup_publishers_properties_are_dropped():
     item = run({DELIVER_AT_PROP: str(NOW + 5000), "__pl_producer__": "syncer-p3", "__pl_seq__": "42", "app": "x"})
     assert isinstance(item, DelayedMessage)
     assert item.properties == {DELIVER_AT_PROP: str(NOW + 5000), "app": "x"}
+
+
+def test_batch_index_zero_is_kept_with_the_item_and_a_foreign_marker_is_dropped():
+    # The index id of (entry 3, batch 0) equals that of a non-batched entry 3: the item keeps the
+    # difference so the release's __pl_origin_msg_id__ can say ":0" (issue 9 defect b).
+    first = run({DELIVER_AT_PROP: str(NOW)}, position=(7, 3, -1, 0))
+    plain = run({DELIVER_AT_PROP: str(NOW), BATCH_INDEX_PROP: "0"}, position=(7, 3, -1, -1))
+    assert first.entry_id == plain.entry_id == positions.encode(3, -1)
+    assert first.properties == {DELIVER_AT_PROP: str(NOW), BATCH_INDEX_PROP: "0"}
+    assert plain.properties == {DELIVER_AT_PROP: str(NOW)}

@@ -11,7 +11,7 @@ from typing import Iterator, List, Tuple
 import pytest
 
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DelayedMessage, DirectorySnapshotStorage
-from pulsar_lifecycle.scheduler.factory import bookkeeper_snapshot_storage
+from pulsar_lifecycle.bucket.storage import bookkeeper_snapshot_storage
 from pulsar_lifecycle.scheduler.snapshot_deletion import snapshot_hooks
 from servers.bk_table_server import TableServer, start_table_server
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 
 from helpers import drain, wait_for
-from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
+from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.deletion.codec import decode
 from pulsar_lifecycle.deletion.model import LedgerComponent
-from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
-from test_bucket_writer import writer_spec
+from writer_support import writer_spec
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]

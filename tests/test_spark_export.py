@@ -17,12 +17,12 @@ from click.testing import CliRunner
 from helpers import drain, wait_for
 from pulsar_lifecycle.bucket import DirectorySnapshotStorage
 from pulsar_lifecycle.bucket.codec import JournalRecord
-from pulsar_lifecycle.bucket_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
 from pulsar_lifecycle.cli import main
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
 from pulsar_lifecycle.spark.export import export_backlog, part_files
 from pulsar_lifecycle.spark.progress import JobProgress
 from pulsar_lifecycle.spark.settings import writer_settings
@@ -50,7 +50,7 @@ def _send(client: pulsar.Client, topic: str, deliver_at: List[int],
         dp.flush()
     finally:
         dp.close()
-    for at, mid in ids:
+    for _at, mid in ids:
         sent[(mid.ledger_id(), mid.entry_id(), mid.batch_index())] = mid
     assert len(sent) == len(deliver_at)
     return sent

@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from deletion_support import admin_server, bookie_server  # noqa: F401
 from helpers import drain
 from orphans_support import SmallCluster, old_ms, orphan_ids
 from pulsar_lifecycle.cli import main
@@ -31,7 +30,7 @@ def _config(bookie, admin, **kw) -> AuditConfig:
     return AuditConfig(listings=[BookieListing([bookie.url])], in_use=[AdminInUse([admin.url], RateLimiter(0))], **kw)
 
 
-def test_reports_orphans_not_in_use_nor_unlabelled(spark, bookie_server, admin_server, tmp_path):  # noqa: F811
+def test_reports_orphans_not_in_use_nor_unlabelled(spark, bookie_server, admin_server, tmp_path):
     SmallCluster.build(bookie_server, admin_server)
     report = run_audit(spark, _config(bookie_server, admin_server), ScanStateDir(tmp_path))
     assert orphan_ids(report) == [5, 6, 7]
@@ -42,7 +41,7 @@ def test_reports_orphans_not_in_use_nor_unlabelled(spark, bookie_server, admin_s
     assert max(bookie_server.list_requests) < min(admin_server.request_times)
 
 
-def test_never_newer_than_metadata(spark, bookie_server, admin_server, tmp_path):  # noqa: F811
+def test_never_newer_than_metadata(spark, bookie_server, admin_server, tmp_path):
     SmallCluster.build(bookie_server, admin_server)
     # Created 3 days ago per its ctime, but above the newest id (13) the metadata knows: metadata lags.
     bookie_server.add_ledger(14, pulsar_metadata("public/default/t"), old_ms())
@@ -50,7 +49,7 @@ def test_never_newer_than_metadata(spark, bookie_server, admin_server, tmp_path)
     assert 14 not in orphan_ids(report) and report.counts["NEWER_THAN_METADATA"] == 1
 
 
-def test_minimum_age(spark, bookie_server, admin_server, tmp_path):  # noqa: F811
+def test_minimum_age(spark, bookie_server, admin_server, tmp_path):
     SmallCluster.build(bookie_server, admin_server)
     bookie_server.add_ledger(8, pulsar_metadata("public/default/t"), old_ms(days=0.5))  # 12 h old
     report = run_audit(spark, _config(bookie_server, admin_server), ScanStateDir(tmp_path))
@@ -59,7 +58,7 @@ def test_minimum_age(spark, bookie_server, admin_server, tmp_path):  # noqa: F81
     assert 8 in orphan_ids(relaxed)
 
 
-def test_uncovered_namespace_is_not_judged(spark, bookie_server, admin_server, tmp_path):  # noqa: F811
+def test_uncovered_namespace_is_not_judged(spark, bookie_server, admin_server, tmp_path):
     SmallCluster.build(bookie_server, admin_server)
     # Another cluster's ledger on the same bookies: its namespace is not in this admin's metadata.
     bookie_server.add_ledger(9, pulsar_metadata("other/ns/x"), old_ms())
@@ -68,7 +67,7 @@ def test_uncovered_namespace_is_not_judged(spark, bookie_server, admin_server, t
 
 
 @pytest.mark.parametrize("where", ["bookie", "admin"])
-def test_failed_listing_aborts_and_commits_nothing(spark, bookie_server, admin_server, tmp_path, where):  # noqa: F811
+def test_failed_listing_aborts_and_commits_nothing(spark, bookie_server, admin_server, tmp_path, where):
     SmallCluster.build(bookie_server, admin_server)
     for lid in range(100, 400):  # several pages: the second one fails
         bookie_server.add_ledger(lid, pulsar_metadata("public/default/t"), old_ms())
@@ -88,7 +87,7 @@ def _cli(bookie, admin, state_dir, *extra):
                                      "--admin-url", admin.url, "--state-dir", str(state_dir), *extra])
 
 
-def test_enqueue_needs_two_scans_confirm_after_apart(spark, broker, bookie_server, admin_server, tmp_path,  # noqa: F811
+def test_enqueue_needs_two_scans_confirm_after_apart(spark, broker, bookie_server, admin_server, tmp_path,
                                                      unique):
     SmallCluster.build(bookie_server, admin_server)
     topics = DeletionTopics(topic_name=f"__ld_{unique.replace('-', '_')}", parallelism=1)
@@ -125,7 +124,7 @@ def test_enqueue_needs_two_scans_confirm_after_apart(spark, broker, bookie_serve
     assert bookie_server.deleted == []  # phase one only: nothing deleted by the audit
 
 
-def test_cli_failed_listing_exits_nonzero_without_report(spark, bookie_server, admin_server, tmp_path):  # noqa: F811
+def test_cli_failed_listing_exits_nonzero_without_report(spark, bookie_server, admin_server, tmp_path):
     SmallCluster.build(bookie_server, admin_server)
     bookie_server.fail_list_pages.add(1)
     res = _cli(bookie_server, admin_server, tmp_path / "state", "--json-report", str(tmp_path / "r.json"))
@@ -163,7 +162,7 @@ def test_snapshot_store_against_its_manifest(spark, tmp_path):
     import os
 
     from pulsar_lifecycle.bucket.codec import Manifest
-    from pulsar_lifecycle.bucket.storage_dir import DirectorySnapshotStorage
+    from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
     from pulsar_lifecycle.spark.orphans_sources import SnapshotManifestInUse, SnapshotStoreListing
 
     root = tmp_path / "snap"

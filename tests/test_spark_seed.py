@@ -9,8 +9,8 @@ from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshot
 from pulsar_lifecycle.bucket.codec import Manifest
 from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
-from pulsar_lifecycle.bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP
 from pulsar_lifecycle.scheduler.intake import Cancel
+from pulsar_lifecycle.scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP
 from pulsar_lifecycle.spark.backlog import ClassifyOptions, as_properties, classify_row, external_position
 from pulsar_lifecycle.spark.errors import SparkJobError
 from pulsar_lifecycle.spark.progress import JobProgress

@@ -11,17 +11,23 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import click
 import pulsar
 from rich.console import Console
 from rich.table import Table
 
+from .bucket.storage.directory import DirectorySnapshotStorage
 from .config.function_config import load_function_config, spec_from_config
+from .delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
+from .delaylevel.producer import DelayLevelProducer
+from .delaylevel.rule import ORIGIN_PARTITION_PROP
 from .runtime.broker import EmbeddedBroker
 from .runtime.client import quiet_client, receive_messages
 from .runtime.localrun import LocalRunner, LocalRunOptions
+from .scheduling_protocol import RELEASED_AT_PROP
+from .timing import DelayedProducer, now_ms
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +85,6 @@ def scene_example(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> Scen
 def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
     """BucketSnapshotWriter + LedgerDeletionWorker: messages leave on time, exhausted snapshots
     are deleted through two-phase deletion."""
-    from .bucket.storage_dir import DirectorySnapshotStorage
-    from .scheduler.service import RELEASED_AT_PROP
-    from .timing import DelayedProducer, now_ms
-
     snap_dir = data_dir / "bucket-snapshots"
     wcfg = load_function_config(configs / "bucket-snapshot-writer.yaml")
     sched = wcfg["userConfig"]["schedulingTopic"]
@@ -147,12 +149,6 @@ def _wait_started(runner: LocalRunner, timeout: float = 15.0) -> None:
 def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
     """DelayLevelProducer -> delay-level partitions -> DelayLevelSyncer -> BucketSnapshotWriter:
     parked messages are forwarded a lookahead before their deliver-at and released on time."""
-    from .delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
-    from .delaylevel.producer import DelayLevelProducer
-    from .delaylevel.rule import ORIGIN_PARTITION_PROP
-    from .scheduler.service import RELEASED_AT_PROP
-    from .timing import DelayedProducer, now_ms
-
     ns = "persistent://public/default"
     sched, business, wticks, sticks = (f"{ns}/dl-demo-scheduling", f"{ns}/dl-demo-orders",
                                        f"{ns}/dl-demo-writer-ticks", f"{ns}/dl-demo-syncer-ticks")
@@ -184,7 +180,9 @@ def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> 
                            initial_position=pulsar.InitialPosition.Earliest)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy)
     delays = {"in-1s": 1000, "in-4.5s": 4500, "in-8s": 8000, "in-13s": 13000}
-    sent, forwarded, released = {}, {}, {}
+    sent: Dict[str, Any] = {}
+    forwarded: Dict[str, Any] = {}
+    released: Dict[str, Any] = {}
     try:
         _wait_started(writer)
         _wait_started(syncer)

@@ -50,7 +50,7 @@ def _fail(exc: OSError, path: PathLike, what: str, detail: str = "") -> DurableW
         return exc
     err = DurableWriteError(exc.errno or errno_mod.EIO, path, what, detail)
     log.error("event=durable_write_failed path=%s op=%s errno=%s error=%s", path, what,
-              errno_mod.errorcode.get(err.errno, err.errno), err)
+              errno_mod.errorcode.get(err.errno or 0, err.errno), err)
     return err
 
 

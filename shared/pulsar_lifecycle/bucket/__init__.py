@@ -2,7 +2,7 @@
 
 Public API: BucketIndex (the engine), BucketConfig, DelayedMessage, Release, CancelResult,
 RecoveryReport, BucketStats, the storage protocol and its backends (memory, directory; the
-BookKeeper table-service backend lives in `pulsar_lifecycle.bucket.storage_bk`).
+BookKeeper table-service backend lives in `pulsar_lifecycle.bucket.storage.bookkeeper`).
 """
 from .config import BucketConfig
 from .engine import BucketIndex, EngineFailedError, NotRecoveredError
@@ -15,7 +15,7 @@ from .storage import (
     SnapshotWriter,
     StorageError,
 )
-from .storage_dir import DirectorySnapshotStorage
+from .storage.directory import DirectorySnapshotStorage
 
 __all__ = [
     "BucketConfig",

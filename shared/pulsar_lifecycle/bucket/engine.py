@@ -35,6 +35,7 @@ import time
 from collections import deque
 from typing import Callable, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
+from ..clock import wall_clock_ms
 from .bitmap import LedgerBitmaps
 from .codec import (
     ReleaseCursor,
@@ -82,11 +83,6 @@ class EngineFailedError(RuntimeError):
 
 class NotRecoveredError(RuntimeError):
     """recover() must be called (once) before the engine is used."""
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the epoch."""
-    return int(time.time() * 1000)
 
 
 class BucketIndex:

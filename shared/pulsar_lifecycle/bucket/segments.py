@@ -92,6 +92,7 @@ class SegmentCutter:
         return self._close() if self._frames else None
 
     def _close(self) -> CutSegment:
+        assert self._first is not None and self._last is not None  # set by the segment's first add
         seg = make_segment(b"".join(self._frames), len(self._frames), self._first, self._last,
                            {ledger: BitMap(ids) for ledger, ids in self._entries.items()})
         self._frames = []

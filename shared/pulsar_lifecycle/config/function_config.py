@@ -275,6 +275,7 @@ def load_function_config_with_lines(
         )
     lines: Dict[Tuple[Any, ...], int] = {}
     dups: List[str] = []
+    assert node is not None  # a document that yields data has a node
     _walk_nodes(node, (), lines, dups)
     if dups:
         raise FunctionConfigError(f"{p}:" + "; ".join(dups))

@@ -321,7 +321,7 @@ def _semantic_checks(
     resources = get("resources", MAP_ANY) or {}
     for key in RESOURCES_FIELDS:
         value = resources.get(key)
-        if _type_ok(value, NUMBER) and value <= 0:
+        if _type_ok(value, NUMBER) and value is not None and value <= 0:
             report.add(("resources", key), f"resources.{key} ({value}) must be positive")
     for key in ("maxPendingAsyncRequests",):
         value = get(key, INT)

@@ -5,8 +5,8 @@
 """
 from .publisher import (
     DedupPublisher,
-    OutMessage,
     Outcome,
+    OutMessage,
     PublishCallback,
     PublishError,
     PublishResult,

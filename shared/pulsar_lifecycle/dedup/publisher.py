@@ -33,6 +33,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pulsar
 
 from ..state.base import StateStore
+from ..topics import TopicName
 from .channel import (
     SNAPSHOT_KEY_PREFIX,
     Outcome,
@@ -61,17 +62,7 @@ RESERVED_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
 
 def normalize_topic(topic: str) -> str:
     """Pulsar's full topic name: `t` and `tenant/ns/t` get `persistent://` (and public/default)."""
-    if not isinstance(topic, str) or not topic.strip():
-        raise ValueError(f"topic must be a non-empty str, got {topic!r}")
-    topic = topic.strip()
-    if "://" in topic:
-        return topic
-    parts = topic.split("/")
-    if len(parts) == 1:
-        return f"persistent://public/default/{topic}"
-    if len(parts) == 3:
-        return f"persistent://{topic}"
-    raise ValueError(f"invalid topic name {topic!r}: expected 'name', 'tenant/ns/name' or 'persistent://...'")
+    return TopicName.from_client(topic).full_name
 
 
 class DedupPublisher:

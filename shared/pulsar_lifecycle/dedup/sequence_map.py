@@ -22,6 +22,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, Mapping, Optional, Set
 
+from ..exceptions import PulsarLifecycleError
+
 log = logging.getLogger(__name__)
 
 DEFAULT_SNAPSHOT_INTERVAL = 1000  # brokerDeduplicationEntriesInterval
@@ -33,7 +35,7 @@ SNAPSHOT_FORMAT = "pulsar-lifecycle/dedup-snapshot"
 SNAPSHOT_VERSION = 1
 
 
-class DedupError(RuntimeError):
+class DedupError(PulsarLifecycleError, RuntimeError):
     """Base class of de-duplication errors."""
 
 

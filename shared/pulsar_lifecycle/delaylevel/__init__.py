@@ -5,7 +5,14 @@ Engines (pure): `strategy` (partition count, partition of a delay), `rule` (forw
 sequence ids, names). Adapters: `producer` (DelayLevelProducer), `forwarder` (one partition),
 `service` (the syncer), `admin` (admin REST checks). Wiring: `wiring.build_syncer`.
 """
-from .errors import ConfigError, DelayLevelError, DelayTooLongError, ParkedMessageError, ShrinkRefusedError, StrategyError
+from .errors import (
+    ConfigError,
+    DelayLevelError,
+    DelayTooLongError,
+    ParkedMessageError,
+    ShrinkRefusedError,
+    StrategyError,
+)
 from .rule import cancel_topic, dead_letter_topic, default_delay_level_topic, forward_at, partition_topic, sequence_id
 from .strategy import DelayLevelTopicPartitionStrategy, PartitionBy
 

@@ -9,15 +9,16 @@
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import quote
 
 from ..dedup.publisher import normalize_topic
-from ..storage.base import StorageError
-from ..storage.http import HttpEndpoints
+from ..deletion.ports import StorageError
+from ..deletion.storage.http import HttpEndpoints
+from ..topics import PARTITION_SUFFIX, TopicName
+from ..ttl_cache import TtlCache
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,8 @@ __all__ = ["AdminView", "retention_problems", "split_topic"]
 
 def split_topic(topic: str) -> Tuple[str, str, str, str]:
     """(domain, tenant, namespace, local name) of a topic name."""
-    full = normalize_topic(topic)
-    domain, rest = full.split("://", 1)
-    tenant, namespace, local = rest.split("/", 2)
-    return domain, tenant, namespace, local
+    t = TopicName.from_client(topic)
+    return t.domain, t.tenant, t.namespace, t.local_name
 
 
 def retention_problems(policies: Dict[str, Any], max_delay_seconds: int, namespace: str) -> List[str]:
@@ -56,8 +55,8 @@ class AdminView:
     clock: Callable[[], float] = time.monotonic
 
     def __post_init__(self) -> None:
-        self._topics: Dict[Tuple[str, str, str], Tuple[float, Set[str]]] = {}
-        self._lock = threading.Lock()
+        self._topics: TtlCache[Tuple[str, str, str], Set[str]] = TtlCache(
+            self._list_namespace, self.ttl_seconds, clock=self.clock, name="admin topic listing")
 
     @classmethod
     def connect(cls, url: str, ttl_seconds: float, timeout: float = 10.0) -> "AdminView":
@@ -73,12 +72,10 @@ class AdminView:
         return res.json()
 
     def _namespace_topics(self, domain: str, tenant: str, namespace: str) -> Set[str]:
-        key = (domain, tenant, namespace)
-        now = self.clock()
-        with self._lock:
-            hit = self._topics.get(key)
-            if hit is not None and now - hit[0] < self.ttl_seconds:
-                return hit[1]
+        return self._topics.get((domain, tenant, namespace))[0]
+
+    def _list_namespace(self, key: Tuple[str, str, str]) -> Set[str]:
+        domain, tenant, namespace = key
         base = f"/admin/v2/{domain}/{quote(tenant)}/{quote(namespace)}"
         names: Set[str] = set()
         for path in (base, base + "/partitioned"):
@@ -86,8 +83,6 @@ class AdminView:
             if not isinstance(body, list):
                 raise StorageError(f"admin GET {path}: expected a JSON list of topic names")
             names.update(str(n) for n in body)
-        with self._lock:
-            self._topics[key] = (now, names)
         log.info("event=delay_level_topics_listed namespace=%s/%s topics=%d", tenant, namespace, len(names))
         return names
 
@@ -96,13 +91,12 @@ class AdminView:
         full = normalize_topic(topic)
         domain, tenant, namespace, _ = split_topic(full)
         names = self._namespace_topics(domain, tenant, namespace)
-        return full in names or any(n.startswith(full + "-partition-") for n in names)
+        return full in names or any(n.startswith(full + PARTITION_SUFFIX) for n in names)
 
     def forget(self, topic: str) -> None:
         """Drop the cached listing of the topic's namespace (re-read on the next question)."""
         domain, tenant, namespace, _ = split_topic(topic)
-        with self._lock:
-            self._topics.pop((domain, tenant, namespace), None)
+        self._topics.invalidate((domain, tenant, namespace))
 
     def namespace_policies(self, topic: str) -> Dict[str, Any]:
         """The policies of the topic's namespace ({} when the namespace is unknown)."""

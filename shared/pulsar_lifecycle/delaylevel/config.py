@@ -130,7 +130,7 @@ class SyncerConfig:
         """The partition strategy these settings describe (must match the producers')."""
         return DelayLevelTopicPartitionStrategy(
             message_maximum_delay_time_seconds=self.message_maximum_delay_time_seconds,
-            partition_by=self.partition_by,  # type: ignore[arg-type] - the strategy parses and names a bad unit
+            partition_by=self.partition_by,  # type: ignore[arg-type]  # the strategy parses and names a bad unit
             unit_seconds=self.unit_seconds or None, max_partitions=self.max_partitions)
 
 

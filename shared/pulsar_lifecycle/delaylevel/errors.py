@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from ..config.exceptions import ConfigError
+from ..exceptions import PulsarLifecycleError
 
 
-class DelayLevelError(Exception):
+class DelayLevelError(PulsarLifecycleError):
     """Base of the errors this package raises on purpose."""
 
 

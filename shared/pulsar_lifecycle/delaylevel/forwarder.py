@@ -22,9 +22,8 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import TARGET_PROP
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
-from ..scheduler.positions import format_message_ref
+from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from .errors import ParkedMessageError
 from .rule import (
     BASE_PROP,
@@ -41,7 +40,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder"]
 
-ERROR_PROP = "__pl_error__"  # the reason on a dead-lettered message (as the writer's -INVALID topic)
 # Internal properties a forward does not carry: the dedup publisher adds its own; base and level
 # only served the forward time.
 _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}

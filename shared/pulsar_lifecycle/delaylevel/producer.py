@@ -14,9 +14,8 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler.positions import format_message_ref
-from ..scheduler.wake import TICK_PROP
+from ..producers import ProducerPool
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, TICK_PROP, format_message_ref
 from ..timing.delayed_producer import DelayedProducer, now_ms
 from .rule import (
     BASE_PROP,
@@ -89,37 +88,30 @@ class DelayLevelProducer:
         self.delay_level_topic = delay_level_topic or default_delay_level_topic(topic)
         self.enabled = enabled
         self.clock = clock
-        self._batch_delay_ms = batching_max_publish_delay_ms
-        self._max_pending = max_pending_messages
         if batching_max_messages < 2:
             raise ValueError(f"batching_max_messages must be >= 2 (pulsar-client's minimum), got {batching_max_messages}")
-        self._batch_max = batching_max_messages
         self._wake = wake_syncer  # one tick to tick_topic() before the first parked message or cancel
-        self._producers: Dict[str, pulsar.Producer] = {}
+        # Batched like the writer's producers: pulsar-lite dispatches unbatched messages about 100x
+        # more slowly, and the syncer's sequence ids include the batch index. At most
+        # DEFAULT_BATCH_MAX_MESSAGES per batch (see there): a bigger entry can stall a restarted
+        # syncer's partition on pulsar-lite.
+        self._producers = ProducerPool(client, batching_enabled=True, block_if_queue_full=True,
+                                       batching_max_publish_delay_ms=batching_max_publish_delay_ms,
+                                       batching_max_messages=batching_max_messages,
+                                       max_pending_messages=max_pending_messages)
+        self._ticks = ProducerPool(client, batching_enabled=False)
         self._lock = threading.Lock()
 
     def _producer(self, topic: str) -> pulsar.Producer:
         with self._lock:
-            prod = self._producers.get(topic)
-            if prod is None and self._wake:
+            if self._wake:
                 # The syncer's input in `hold` mode: this tick starts a fresh deployment (extra
                 # ticks are acked by the syncer). Sent once per producer object, before the
                 # first parked message, without waiting for it.
                 self._wake = False
-                ticks = self.client.create_producer(tick_topic(self.delay_level_topic), batching_enabled=False)
+                ticks = self._ticks.get(tick_topic(self.delay_level_topic))
                 ticks.send_async(b"tick", None, properties={TICK_PROP: str(self.clock())})
-                self._producers[tick_topic(self.delay_level_topic)] = ticks
-            if prod is None:
-                # Batched like the writer's producers: pulsar-lite dispatches unbatched messages
-                # about 100x more slowly, and the syncer's sequence ids include the batch index.
-                # At most DEFAULT_BATCH_MAX_MESSAGES per batch (see there): a bigger entry can stall
-                # a restarted syncer's partition on pulsar-lite.
-                prod = self.client.create_producer(topic, batching_enabled=True, block_if_queue_full=True,
-                                                   batching_max_publish_delay_ms=self._batch_delay_ms,
-                                                   batching_max_messages=self._batch_max,
-                                                   max_pending_messages=self._max_pending)
-                self._producers[topic] = prod
-            return prod
+        return self._producers.get(topic)
 
     def _route(self, deliver_at_ms: Optional[int], delay_ms: Optional[int]) -> Tuple[int, int, Optional[int]]:
         """(deliver-at, now, partition or None)."""
@@ -205,19 +197,11 @@ class DelayLevelProducer:
 
     def flush(self) -> None:
         """Wait until every message sent so far is confirmed or failed."""
-        with self._lock:
-            producers = list(self._producers.values())
-        for prod in producers:
-            prod.flush()
+        self._ticks.flush()
+        self._producers.flush()
         self.near_term.flush()
 
     def close(self) -> None:
         """Flush and close the producers this object opened (not the near-term path's)."""
-        with self._lock:
-            producers, self._producers = list(self._producers.values()), {}
-        for prod in producers:
-            try:
-                prod.flush()
-                prod.close()
-            except pulsar.PulsarException:  # closing is best effort; the client may be gone
-                pass
+        self._ticks.close()
+        self._producers.close()

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
-from ..bucket_protocol import DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler import positions
+from ..bucket import positions
+from ..scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
+from ..topics import partition_name
 from .errors import ParkedMessageError
 
 __all__ = [
@@ -56,7 +57,7 @@ def default_delay_level_topic(business_topic: str) -> str:
 
 def partition_topic(delay_level_topic: str, k: int) -> str:
     """Partition k by name, as Pulsar names a partitioned topic's partitions."""
-    return f"{delay_level_topic}-partition-{int(k)}"
+    return partition_name(delay_level_topic, k)
 
 
 def dead_letter_topic(delay_level_topic: str) -> str:
@@ -85,7 +86,7 @@ def sequence_id(ledger_id: int, entry_id: int, batch_index: int) -> int:
     low = positions.encode(entry_id, batch_index)
     if low is None or not 0 <= ledger_id < _LEDGER_LIMIT:
         raise ParkedMessageError(f"position {ledger_id}:{entry_id}:{batch_index} does not fit a sequence id "
-                                 f"(ledger < 2**31 - 1, entry <= {positions.MAX_ENTRY_ID}, "
+                                 f"(ledger < 2**31 - 1, entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, "
                                  f"batch index <= {positions.MAX_BATCH_INDEX})")
     return ((ledger_id << 32) | low) + 1
 

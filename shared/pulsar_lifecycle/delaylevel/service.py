@@ -11,12 +11,12 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP
-from ..bucket.protocol import ProtocolError, parse_cancel_target
+from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
-from ..timing.delayed_producer import DelayedProducer
+from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
+from ..timing.delayed_producer import DelayedProducer
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
@@ -111,7 +111,7 @@ class DelayLevelSyncerService:
 
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
-                 admin: Optional[AdminView] = None, instance: int = 0, clock: Callable[[], int] = lambda: int(time.time() * 1000)) -> None:
+                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms) -> None:
         self.cfg = cfg
         self.client = client
         self.subscription = subscription

@@ -171,7 +171,7 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_delay_seconds: int, delay_backend: str,
                   scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
-    from ..storage.admin import PulsarAdminClient
+    from .admin import PulsarAdminClient
     from .operator import enqueue_topic_ledgers
 
     service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)

@@ -171,7 +171,7 @@ def to_record(info: PendingDeleteLedgerInfo) -> Dict[str, Any]:
     reserved = [k for k in info.properties if k in RESERVED_PROPERTIES]
     if reserved:
         raise InvalidRequestError(f"properties {reserved} are reserved for the codec")
-    props = dict(info.properties)
+    props: Dict[str, Optional[str]] = dict(info.properties)
     if info.context is not None:
         props[PROP_LEDGER_INFO] = ledger_info_json(info.context)
     component: Optional[str] = info.ledger_component.value
@@ -288,4 +288,6 @@ def decode(payload: bytes) -> PendingDeleteLedgerInfo:
         raise InvalidRequestError(
             f"malformed request: {len(payload) - buf.tell()} trailing bytes after the Avro record"
         )
+    if not isinstance(rec, dict):
+        raise InvalidRequestError(f"malformed request: not a PendingDeleteLedgerInfo record ({type(rec).__name__})")
     return from_record(rec)

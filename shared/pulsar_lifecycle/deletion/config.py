@@ -10,7 +10,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ..config.settings import ConfigError, check_settings, parse_settings, setting, to_str, to_str_list, user_config_keys
+from ..config.settings import (
+    ConfigError,
+    check_settings,
+    parse_settings,
+    setting,
+    to_str,
+    to_str_list,
+    user_config_keys,
+)
 from .topics import SCOPES, DeletionTopics
 
 FUNCTION = "LedgerDeletionWorker"

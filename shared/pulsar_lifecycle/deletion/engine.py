@@ -16,11 +16,11 @@ import logging
 from dataclasses import dataclass
 from typing import Optional
 
-from ..storage.base import DeleteResult, OwnershipStatus, StorageError
 from .cache import InUseState
 from .codec import decode
 from .model import InvalidRequestError, PendingDeleteLedgerInfo
 from .oracle import InUseVerdict, LedgerInUseOracle
+from .ports import DeleteResult, OwnershipStatus, StorageError
 from .routing import StorageRouter
 from .topics import DeletionTopics, check_tenant
 from .trusted import TrustedLedgerRegistry
@@ -36,7 +36,7 @@ class Action(enum.Enum):
     DEAD_LETTER = "DEAD_LETTER"
 
 
-class Outcome(enum.Enum):
+class DeletionOutcome(enum.Enum):
     """Why."""
 
     DELETED = "DELETED"
@@ -54,7 +54,7 @@ class Decision:
     """The engine's answer for one message."""
 
     action: Action
-    outcome: Outcome
+    outcome: DeletionOutcome
     reason: str
     request: Optional[PendingDeleteLedgerInfo] = None
     attempts: int = 0  # RECONSUMETIMES the message arrived with
@@ -86,7 +86,7 @@ class DeletionEngine:
         try:
             request = decode(payload)
         except InvalidRequestError as exc:
-            return self._dead(Outcome.REJECTED, str(exc), None, attempts)
+            return self._dead(DeletionOutcome.REJECTED, str(exc), None, attempts)
         try:
             if self.topics.scope == "tenant":
                 if not source_topic:
@@ -94,9 +94,9 @@ class DeletionEngine:
                 check_tenant(self.topics, self.topics.classify(source_topic), request.topic)
             return self._process(request, attempts)
         except InvalidRequestError as exc:
-            return self._dead(Outcome.REJECTED, str(exc), request, attempts)
+            return self._dead(DeletionOutcome.REJECTED, str(exc), request, attempts)
         except ValueError as exc:  # classify(): not one of our topics
-            return self._dead(Outcome.REJECTED, f"request arrived on a foreign topic: {exc}", request, attempts)
+            return self._dead(DeletionOutcome.REJECTED, f"request arrived on a foreign topic: {exc}", request, attempts)
 
     # ------------------------------------------------------------------------------------------
     def _process(self, req: PendingDeleteLedgerInfo, attempts: int) -> Decision:
@@ -105,37 +105,37 @@ class DeletionEngine:
             try:
                 verdict = self.oracle.check(req)
             except StorageError as exc:
-                return self._retry(Outcome.FAILED, f"in-use check failed: {exc}", req, attempts)
+                return self._retry(DeletionOutcome.FAILED, f"in-use check failed: {exc}", req, attempts)
             if verdict.state is InUseState.IN_USE:
-                return self._retry(Outcome.IN_USE, verdict.detail, req, attempts, verdict=verdict)
+                return self._retry(DeletionOutcome.IN_USE, verdict.detail, req, attempts, verdict=verdict)
             if verdict.state is InUseState.STALE:
-                return self._retry(Outcome.STALE_CACHE, verdict.detail, req, attempts, verdict=verdict)
+                return self._retry(DeletionOutcome.STALE_CACHE, verdict.detail, req, attempts, verdict=verdict)
         storage = self.router.route(req)
         trusted = self.trusted is not None and req.key in self.trusted
         if not trusted:
             try:
                 owner = storage.check_owner(req)
             except StorageError as exc:
-                return self._retry(Outcome.FAILED, f"ownership check failed: {exc}", req, attempts, storage.name, verdict)
+                return self._retry(DeletionOutcome.FAILED, f"ownership check failed: {exc}", req, attempts, storage.name, verdict)
             if owner.status is OwnershipStatus.MISMATCH:
                 log.warning("ownership mismatch %s: %s", req.describe(), owner.detail)
-                return self._dead(Outcome.OWNER_MISMATCH, f"ownership mismatch: {owner.detail}", req, attempts, storage.name, verdict)
+                return self._dead(DeletionOutcome.OWNER_MISMATCH, f"ownership mismatch: {owner.detail}", req, attempts, storage.name, verdict)
             if owner.status is OwnershipStatus.UNVERIFIABLE:
-                return self._dead(Outcome.UNVERIFIABLE, f"ownership unverifiable: {owner.detail}", req, attempts, storage.name, verdict)
+                return self._dead(DeletionOutcome.UNVERIFIABLE, f"ownership unverifiable: {owner.detail}", req, attempts, storage.name, verdict)
             if owner.status is OwnershipStatus.GONE:
                 self._forget(req)
                 log.info("already gone %s: %s", req.describe(), owner.detail)
-                return Decision(Action.ACK, Outcome.ALREADY_GONE, owner.detail, req, attempts, storage.name, verdict)
+                return Decision(Action.ACK, DeletionOutcome.ALREADY_GONE, owner.detail, req, attempts, storage.name, verdict)
         try:
             result = storage.delete(req)
         except StorageError as exc:
-            return self._retry(Outcome.FAILED, f"delete failed: {exc}", req, attempts, storage.name, verdict)
+            return self._retry(DeletionOutcome.FAILED, f"delete failed: {exc}", req, attempts, storage.name, verdict)
         self._forget(req)
         if result is DeleteResult.NOT_FOUND:
             log.info("already gone %s storage=%s", req.describe(), storage.name)
-            return Decision(Action.ACK, Outcome.ALREADY_GONE, "not found at delete", req, attempts, storage.name, verdict)
+            return Decision(Action.ACK, DeletionOutcome.ALREADY_GONE, "not found at delete", req, attempts, storage.name, verdict)
         log.info("deleted %s storage=%s trusted=%s", req.describe(), storage.name, trusted)
-        return Decision(Action.ACK, Outcome.DELETED, "deleted", req, attempts, storage.name, verdict)
+        return Decision(Action.ACK, DeletionOutcome.DELETED, "deleted", req, attempts, storage.name, verdict)
 
     def _forget(self, req: PendingDeleteLedgerInfo) -> None:
         if self.trusted is not None:
@@ -143,7 +143,7 @@ class DeletionEngine:
 
     def _retry(
         self,
-        outcome: Outcome,
+        outcome: DeletionOutcome,
         reason: str,
         req: PendingDeleteLedgerInfo,
         attempts: int,
@@ -160,7 +160,7 @@ class DeletionEngine:
 
     def _dead(
         self,
-        outcome: Outcome,
+        outcome: DeletionOutcome,
         reason: str,
         req: Optional[PendingDeleteLedgerInfo],
         attempts: int,

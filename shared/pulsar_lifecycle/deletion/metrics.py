@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional
 
 from prometheus_client import CollectorRegistry, Counter
 
-from .engine import Action, Decision, Outcome
+from .engine import Action, Decision, DeletionOutcome
 
 PREFIX = "pulsar_ledger_deletion"
 
@@ -58,13 +58,13 @@ class DeletionMetrics:
             elif v.cache_hit is False:
                 self.inc("cache_misses", 1, context)
             self.inc("internal_stats_calls", v.admin_calls, context)
-        if decision.outcome is Outcome.DELETED:
+        if decision.outcome is DeletionOutcome.DELETED:
             self.inc("deleted", 1, context)
-        elif decision.outcome is Outcome.ALREADY_GONE:
+        elif decision.outcome is DeletionOutcome.ALREADY_GONE:
             self.inc("already_gone", 1, context)
-        elif decision.outcome in (Outcome.IN_USE, Outcome.STALE_CACHE):
+        elif decision.outcome in (DeletionOutcome.IN_USE, DeletionOutcome.STALE_CACHE):
             self.inc("in_use_skipped", 1, context)
-        elif decision.outcome is Outcome.OWNER_MISMATCH:
+        elif decision.outcome is DeletionOutcome.OWNER_MISMATCH:
             self.inc("ownership_mismatch", 1, context)
         if decision.action is Action.RETRY:
             self.inc("retried", 1, context)

@@ -8,19 +8,16 @@ offload UUID (uidMsb/uidLsb) and the offload driver's name and metadata.
 from __future__ import annotations
 
 import enum
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
+from ..topics import TopicName, TopicNameError
+from .exceptions import InvalidRequestError
+
 _MASK64 = (1 << 64) - 1
-_PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")
 # What Java's URLEncoder leaves alone; Pulsar encodes the local topic name with it.
 _URLENCODER_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-*_")
-
-
-class InvalidRequestError(ValueError):
-    """A pending-delete request that can never be served (goes to the DLQ with this reason)."""
 
 
 class LedgerComponent(enum.Enum):
@@ -53,51 +50,19 @@ def java_url_encode(text: str) -> str:
 
 
 @dataclass(frozen=True)
-class TopicRef:
-    """A persistent topic split into tenant / namespace / local name (partition suffix kept)."""
-
-    tenant: str
-    namespace: str
-    local_name: str
+class TopicRef(TopicName):
+    """A persistent topic named by a deletion request; a bad name is an InvalidRequestError."""
 
     @classmethod
     def parse(cls, name: str) -> "TopicRef":
         """Accepts `t/ns/topic` (the PIP's form) or `persistent://t/ns/topic`."""
-        if not isinstance(name, str) or not name:
-            raise InvalidRequestError(f"topic name must be a non-empty string, got {name!r}")
-        rest = name
-        if "://" in rest:
-            domain, rest = rest.split("://", 1)
-            if domain != "persistent":
-                raise InvalidRequestError(f"topic {name!r}: only persistent topics own ledgers")
-        parts = rest.split("/", 2)
-        if len(parts) != 3 or not all(parts):
-            raise InvalidRequestError(f"topic {name!r} is not of the form tenant/namespace/topic")
-        if any(p in (".", "..") for p in parts) or "\x00" in rest:
-            raise InvalidRequestError(f"topic {name!r} has an illegal path segment")
-        return cls(parts[0], parts[1], parts[2])
-
-    @property
-    def short_name(self) -> str:
-        """`tenant/namespace/topic`, the PIP's topicName form."""
-        return f"{self.tenant}/{self.namespace}/{self.local_name}"
-
-    @property
-    def full_name(self) -> str:
-        """`persistent://tenant/namespace/topic`."""
-        return f"persistent://{self.short_name}"
-
-    @property
-    def partition(self) -> Optional[Tuple[str, int]]:
-        """(base local name, index) when this is a partition, else None."""
-        m = _PARTITION_RE.match(self.local_name)
-        return (m.group("base"), int(m.group("index"))) if m else None
-
-    @property
-    def base(self) -> "TopicRef":
-        """The partitioned topic this partition belongs to (self when not a partition)."""
-        p = self.partition
-        return TopicRef(self.tenant, self.namespace, p[0]) if p else self
+        if isinstance(name, str) and "://" in name and name.split("://", 1)[0] != "persistent":
+            raise InvalidRequestError(f"topic {name!r}: only persistent topics own ledgers")
+        try:
+            t = TopicName.parse(name)
+        except TopicNameError as exc:
+            raise InvalidRequestError(str(exc)) from None
+        return cls(t.tenant, t.namespace, t.local_name)
 
     @property
     def managed_ledger_name(self) -> str:

@@ -8,7 +8,8 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..storage.admin import PulsarAdminClient
+from ..producers import ProducerPool
+from .admin import PulsarAdminClient
 from .codec import decode, encode
 from .model import InvalidRequestError, LedgerComponent, LedgerType, PendingDeleteLedgerInfo, TopicRef
 from .service import LedgerDeletionService
@@ -133,7 +134,7 @@ def replay_dlq(
 ) -> List[DlqEntry]:
     """Send selected dead letters back to the deletion topic with a fresh retry budget, then ack
     them. Undecodable ones are never replayed (they would only come back)."""
-    producers: Dict[str, pulsar.Producer] = {}
+    producers = ProducerPool(client, batching_enabled=False)
     replayed: List[DlqEntry] = []
 
     def act(consumer: pulsar.Consumer, msg: pulsar.Message, entry: DlqEntry) -> None:
@@ -141,10 +142,7 @@ def replay_dlq(
             return
         info = decode(msg.data())
         target = topics.deletion_partition(topics.partition_for(info.topic, info.ledger_id), topics.tenant_of_request(info.topic))
-        prod = producers.get(target)
-        if prod is None:
-            prod = producers[target] = client.create_producer(target, batching_enabled=False)
-        prod.send(encode(info), properties={PROP_REPLAYED_REASON: entry.reason[:1000]})
+        producers.get(target).send(encode(info), properties={PROP_REPLAYED_REASON: entry.reason[:1000]})
         consumer.acknowledge(msg)  # only after the replay is stored
         replayed.append(entry)
         log.info("replayed from DLQ topic=%s ledger=%d target=%s", entry.topic_name, entry.ledger_id, target)
@@ -152,6 +150,5 @@ def replay_dlq(
     try:
         _scan_dlq(client, topics, tenant, max_messages, idle_timeout_s, act)
     finally:
-        for p in producers.values():
-            p.close()
+        producers.close()
     return replayed

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Protocol, runtime_checkable
 
-from ..storage.admin import PulsarAdminClient
-from ..storage.base import StorageError
+from .admin import PulsarAdminClient
 from .cache import InUseSnapshot, InUseState, LedgersCache
-from .model import LedgerComponent, PendingDeleteLedgerInfo, TopicRef
+from .model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo, TopicRef
+from .ports import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,6 @@ class ComponentOracle:
 
     def check(self, request: PendingDeleteLedgerInfo) -> InUseVerdict:
         """Delegate; InvalidRequestError when no oracle serves the component."""
-        from .model import InvalidRequestError
-
         oracle = self.by_component.get(request.ledger_component, None)
         if oracle is None and request.ledger_component is not LedgerComponent.DELAYED_INDEX_BUCKET:
             oracle = self.default

@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..storage.base import LedgerStorage
 from .model import InvalidRequestError, LedgerComponent, LedgerType, PendingDeleteLedgerInfo
+from .ports import LedgerStorage
 
 S3_DRIVERS = frozenset({"s3", "aws-s3", "aliyun-oss", "s3-compatible"})
 FILESYSTEM_DRIVERS = frozenset({"filesystem"})

@@ -8,25 +8,22 @@ updated) through the package's time abstraction, batching disabled (one request 
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
-from typing import Dict, Mapping, Optional, Union
+from typing import Mapping, Optional, Union
 
 import pulsar
 
-from ..storage.admin import PulsarAdminClient
+from ..producers import ProducerPool
 from ..timing import DelayedProducer
+from .admin import PulsarAdminClient
 from .codec import encode
+from .exceptions import PendingDeleteSendError
 from .metrics import DeletionMetrics
 from .model import LedgerComponent, LedgerContext, LedgerType, PendingDeleteLedgerInfo, TopicRef
 from .topics import DeletionTopics
 from .trusted import TrustedLedgerRegistry
 
 log = logging.getLogger(__name__)
-
-
-class PendingDeleteSendError(RuntimeError):
-    """The pending-delete request could not be stored: the caller must NOT update metadata."""
 
 
 @dataclass
@@ -41,11 +38,11 @@ class LedgerDeletionService:
     metrics: Optional[DeletionMetrics] = None
     admin: Optional[PulsarAdminClient] = None
     enabled: bool = True
-    _producers: Dict[str, pulsar.Producer] = field(default_factory=dict, init=False, repr=False)
+    _producers: ProducerPool = field(init=False, repr=False)
     _created_for: set = field(default_factory=set, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self._producers = ProducerPool(self.client, batching_enabled=False, block_if_queue_full=True)
         if self.send_delay_seconds < 0:
             raise ValueError(f"sendDelaySeconds must be >= 0, got {self.send_delay_seconds}")
         if self.send_delay_seconds > 0 and self.delayed is None:
@@ -66,12 +63,7 @@ class LedgerDeletionService:
         self._created_for.add(tenant)
 
     def _plain_producer(self, topic: str) -> pulsar.Producer:
-        with self._lock:
-            prod = self._producers.get(topic)
-            if prod is None:
-                prod = self.client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
-                self._producers[topic] = prod
-            return prod
+        return self._producers.get(topic)
 
     def append_pending_delete_ledger(
         self,
@@ -127,11 +119,4 @@ class LedgerDeletionService:
 
     def close(self) -> None:
         """Flush and close producers (the DelayedProducer is closed by its owner)."""
-        with self._lock:
-            for prod in self._producers.values():
-                try:
-                    prod.flush()
-                    prod.close()
-                except Exception:  # best effort at shutdown
-                    pass
-            self._producers.clear()
+        self._producers.close()

@@ -16,6 +16,7 @@ import zlib
 from dataclasses import dataclass
 from typing import List, Optional
 
+from ..topics import TopicName, TopicNameError, partition_name
 from .model import InvalidRequestError, TopicRef
 
 SCOPES = ("cluster", "tenant")
@@ -73,7 +74,7 @@ class DeletionTopics:
     def deletion_partition(self, index: int, tenant: Optional[str] = None) -> str:
         """Partition `index` of the deletion topic."""
         self._check_index(index)
-        return f"{self._base(tenant)}-partition-{index}"
+        return partition_name(self._base(tenant), index)
 
     def retry_topic(self, tenant: Optional[str] = None) -> str:
         """The partitioned retry topic (base name)."""
@@ -82,7 +83,7 @@ class DeletionTopics:
     def retry_partition(self, index: int, tenant: Optional[str] = None) -> str:
         """Partition `index` of the retry topic."""
         self._check_index(index)
-        return f"{self.retry_topic(tenant)}-partition-{index}"
+        return partition_name(self.retry_topic(tenant), index)
 
     def dlq_topic(self, tenant: Optional[str] = None) -> str:
         """The dead-letter topic (not partitioned)."""
@@ -105,10 +106,13 @@ class DeletionTopics:
     # -- parsing --------------------------------------------------------------------------------
     def classify(self, source_topic: str) -> SourceTopic:
         """Which protocol topic `source_topic` is; ValueError if it is none of ours."""
-        m = re.match(r"^persistent://([^/]+)/([^/]+)/(.+)$", source_topic or "")
-        if not m:
+        try:
+            parsed = TopicName.parse(source_topic) if str(source_topic or "").startswith("persistent://") else None
+        except TopicNameError:
+            parsed = None
+        if parsed is None:
             raise ValueError(f"not a persistent topic name: {source_topic!r}")
-        tenant, ns, local = m.groups()
+        tenant, ns, local = parsed.tenant, parsed.namespace, parsed.local_name
         if self.scope == "cluster":
             if f"{tenant}/{ns}" != self.namespace:
                 raise ValueError(f"{source_topic!r} is outside the deletion namespace {self.namespace}")

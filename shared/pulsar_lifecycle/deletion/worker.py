@@ -10,25 +10,25 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
 from dataclasses import dataclass, field
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import pulsar
 
+from ..producers import ProducerPool
 from ..runtime.context_api import pulsar_client
-from ..storage.admin import PulsarAdminClient
-from ..storage.bookie_http import BookieHttpClient, BookieLedgerStorage
-from ..storage.filesystem import FileSystemOffloadStorage
-from ..storage.s3 import S3OffloadStorage, make_s3_client
-from ..storage.snapshot import SnapshotStoreStorage
 from ..timing import DelayedProducer, now_ms
+from .admin import PulsarAdminClient
 from .config import DeletionConfig
 from .engine import Action, Decision, DeletionEngine
 from .metrics import DeletionMetrics
 from .model import LedgerComponent
 from .oracle import ComponentOracle, InternalStatsOracle, SnapshotManifestOracle
 from .routing import StorageRouter
+from .storage.bookie_http import BookieHttpClient, BookieLedgerStorage
+from .storage.filesystem import FileSystemOffloadStorage
+from .storage.s3 import S3OffloadStorage, make_s3_client
+from .storage.snapshot import SnapshotStoreStorage
 from .trusted import TrustedLedgerRegistry
 
 log = logging.getLogger(__name__)
@@ -76,8 +76,10 @@ class DeletionWorkerRunner:
     client: pulsar.Client
     delayed: DelayedProducer
     metrics: DeletionMetrics = field(default_factory=DeletionMetrics)
-    _dlq_producers: Dict[str, pulsar.Producer] = field(default_factory=dict, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _dlq_producers: ProducerPool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._dlq_producers = ProducerPool(self.client, batching_enabled=False, block_if_queue_full=True)
 
     def handle(
         self,
@@ -148,12 +150,7 @@ class DeletionWorkerRunner:
         return self.config.topics.dlq_topic(self._tenant(decision, source_topic))
 
     def _dlq_producer(self, topic: str) -> pulsar.Producer:
-        with self._lock:
-            prod = self._dlq_producers.get(topic)
-            if prod is None:
-                prod = self.client.create_producer(topic, batching_enabled=False, block_if_queue_full=True)
-                self._dlq_producers[topic] = prod
-            return prod
+        return self._dlq_producers.get(topic)
 
     def process(self, input: Any, context: Any) -> None:
         """Entry point used by the function module."""
@@ -166,14 +163,7 @@ class DeletionWorkerRunner:
 
     def close(self) -> None:
         """Close producers."""
-        with self._lock:
-            for prod in self._dlq_producers.values():
-                try:
-                    prod.flush()
-                    prod.close()
-                except Exception:
-                    pass
-            self._dlq_producers.clear()
+        self._dlq_producers.close()
         self.delayed.close()
 
 

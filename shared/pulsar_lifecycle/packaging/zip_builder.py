@@ -20,6 +20,8 @@ import zipfile
 from pathlib import Path
 from typing import Collection, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..exceptions import PulsarLifecycleError
+
 logger = logging.getLogger(__name__)
 
 LIBRARY_PACKAGE = "pulsar_lifecycle"
@@ -33,7 +35,7 @@ _PIP_TIMEOUT_S = 900
 _IGNORED_SRC = ("__pycache__", "*.pyc", "*.pyo", "*.egg-info", ".pytest_cache", ".mypy_cache")
 
 
-class PackagingError(RuntimeError):
+class PackagingError(PulsarLifecycleError, RuntimeError):
     """Building a function zip or wheel failed; the message names the step and the cause."""
 
 
@@ -102,7 +104,7 @@ def _running_platform_tags() -> List[str]:
     try:
         from packaging.tags import sys_tags
     except ModuleNotFoundError:  # pip always vendors packaging
-        from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef]
+        from pip._vendor.packaging.tags import sys_tags  # type: ignore[no-redef,assignment]
     seen: List[str] = []
     for tag in sys_tags():
         if tag.platform not in seen:

@@ -4,8 +4,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from ..exceptions import PulsarLifecycleError
 
-class ClassLoadError(RuntimeError):
+
+class ClassLoadError(PulsarLifecycleError, RuntimeError):
     """The configured className could not be imported or instantiated."""
 
 

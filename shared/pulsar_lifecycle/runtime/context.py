@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -12,10 +11,10 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import pulsar
 
 from ..state.base import StateStore
+from ..topics import strip_partition
 from .classloader import import_class
 from .metrics import FunctionMetrics
 
-_PARTITION_SUFFIX = re.compile(r"-partition-\d+$")
 _U64 = (1 << 64) - 1
 
 
@@ -194,7 +193,7 @@ class LocalContext:
 
     def ack(self, msgid: Any, topic: str) -> None:
         """Acknowledge `msgid` on the consumer of `topic` (partition suffix stripped if needed)."""
-        consumer = self.consumers.get(topic) or self.consumers.get(_PARTITION_SUFFIX.sub("", topic))
+        consumer = self.consumers.get(topic) or self.consumers.get(strip_partition(topic))
         if consumer is None:
             raise ValueError(f"Invalid topicname {topic}")
         consumer.acknowledge(msgid)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..exceptions import PulsarLifecycleError
+
 MIN_PULSAR_VERSION = "3.0.0"
 
 
-class UnsupportedRuntimeError(RuntimeError):
+class UnsupportedRuntimeError(PulsarLifecycleError, RuntimeError):
     """The Pulsar Functions runtime is older than the package needs."""
 
 

@@ -15,7 +15,7 @@ import threading
 import time
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import pulsar
 

@@ -11,19 +11,20 @@ import fcntl
 import logging
 import os
 import threading
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
 
 import pulsar
 
+from ..clock import wall_clock_ms
 from ..config.settings import read_setting, to_int, to_str
-from ..state import open_state_store
-from ..state.base import StateStore
 from ..durable import atomic_write
 from ..exceptions import PulsarLifecycleError
+from ..scheduling_protocol import TICK_PROP
+from ..state import open_state_store
+from ..state.base import StateStore
 from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .context import FunctionIdentity, LocalContext
@@ -31,8 +32,6 @@ from .instance import FunctionInstance
 from .metrics import FunctionMetrics
 
 log = logging.getLogger(__name__)
-
-TICK_PROP = "__pl_tick__"
 
 
 def check_reachable(service_url: str, timeout: float = 5.0) -> None:
@@ -54,7 +53,7 @@ def prepare_data_dir(path: Path) -> None:
     except (FileExistsError, NotADirectoryError):
         raise DataDirError(f"--data-dir {path}: a parent of it is a regular file, not a directory") from None
     except OSError as exc:
-        raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno, exc.errno)})") from None
+        raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})") from None
     probe = path / ".write-probe"
     try:
         atomic_write(probe, b"ok")
@@ -207,7 +206,7 @@ class LocalRunner:
         def run() -> None:
             while not self._stop.wait(interval):
                 try:
-                    producer.send_async(b"tick", None, properties={TICK_PROP: str(int(time.time() * 1000))})
+                    producer.send_async(b"tick", None, properties={TICK_PROP: str(wall_clock_ms())})
                 except Exception as exc:  # the client may be closing
                     log.debug("event=tick_failed topic=%s error=%r", topic, exc)
         self._ticker = threading.Thread(target=run, name="localrun-ticker", daemon=True)

@@ -1,1 +1,1 @@
-"""BucketSnapshotWriter\x27s service: intake, release thread, commits (Pulsar I/O adapter)."""
+"""BucketSnapshotWriter's service: intake, release thread, commits (Pulsar I/O adapter)."""

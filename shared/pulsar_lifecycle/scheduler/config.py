@@ -6,7 +6,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
 from ..config.settings import (
-    ConfigError, check_settings, parse_settings, read_setting, setting, settings_of, to_str, user_config_keys)
+    ConfigError,
+    check_settings,
+    parse_settings,
+    read_setting,
+    setting,
+    settings_of,
+    to_str,
+    user_config_keys,
+)
 from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig
 

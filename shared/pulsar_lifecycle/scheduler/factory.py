@@ -2,29 +2,29 @@
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
-from typing import IO, Any, List
+from typing import Any, List
 
 from ..bucket import BucketIndex
-from ..bucket.storage_dir import DirectorySnapshotStorage
+from ..bucket.storage import (
+    BucketSnapshotStorage,
+    DirectorySnapshotStorage,
+    bookkeeper_snapshot_storage,
+    lock_exclusively,
+)
 from ..dedup.publisher import DedupPublisher
+from ..deletion.service import LedgerDeletionService
+from ..deletion.topics import DeletionTopics
 from ..runtime.context_api import pulsar_client
+from ..timing import DelayedProducer
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
+from .snapshot_deletion import TwoPhaseSnapshotDeleter
 
 log = logging.getLogger(__name__)
-
-
-def bookkeeper_snapshot_storage(service_url: str, tenant: str, namespace: str, name: str) -> Any:
-    """The BookKeeper table-service snapshot store of the writer `tenant/namespace/name`."""
-    from ..bucket.storage_bk import BookKeeperTableSnapshotStorage
-
-    # The table service allows letters, digits and '_' only; function names may also hold '-' and '.'.
-    return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, re.sub(r"[^A-Za-z0-9_]", "_", f"{name}_buckets"))
 
 
 def default_snapshot_dir(context: Any) -> Path:
@@ -43,7 +43,7 @@ def default_snapshot_dir(context: Any) -> Path:
     return Path(data_dir) / "buckets" / (table if instance == 0 else f"{table}-instance-{instance}")
 
 
-def open_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> Any:
+def open_writer_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> BucketSnapshotStorage:
     """The configured BucketSnapshotStorage backend; handles to close later go to `resources`."""
     if cfg.snapshot_storage == "bookkeeper":
         return bookkeeper_snapshot_storage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
@@ -61,21 +61,6 @@ def state_location(context: Any, key_prefix: str) -> str:
     return f"state key {key_prefix}{STATE_KEY} of {fqfn}{where}"
 
 
-def lock_exclusively(path: Path) -> IO[str]:
-    """One writer instance per snapshot directory: two would allocate the same bucket ids."""
-    import fcntl
-
-    path.mkdir(parents=True, exist_ok=True)
-    fh = open(path / "writer.lock", "a")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        fh.close()
-        raise RuntimeError(f"snapshot directory {path} is in use by another BucketSnapshotWriter instance; "
-                           "give each instance its own snapshotDir (or run parallelism 1)") from None
-    return fh  # the flock lasts while this file stays open (and ends with the process)
-
-
 def build_service(context: Any) -> SchedulerService:
     """Everything the function needs, built from userConfig and the function's identity."""
     user = dict(context.get_user_config_map() or {})
@@ -89,7 +74,7 @@ def build_service(context: Any) -> SchedulerService:
     storage: Any = None
     publisher = None
     try:
-        storage = open_snapshot_storage(cfg, context, resources)
+        storage = open_writer_snapshot_storage(cfg, context, resources)
         deleter = _snapshot_deleter(cfg, context, scheduling)
         if deleter is not None:
             resources.append(deleter)  # closed with the service: its producers before the client
@@ -130,11 +115,6 @@ def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) ->
     """None (engine deletes directly) or the two-phase deletion hand-off."""
     if cfg.snapshot_deletion != "two-phase":
         return None
-    from ..deletion.service import LedgerDeletionService
-    from ..deletion.topics import DeletionTopics
-    from ..timing import DelayedProducer
-    from .snapshot_deletion import TwoPhaseSnapshotDeleter
-
     client = pulsar_client(context)
     topics = DeletionTopics(namespace=cfg.snapshot_deletion_namespace, topic_name=cfg.snapshot_deletion_topic_name,
                             parallelism=cfg.snapshot_deletion_parallelism)

@@ -20,12 +20,12 @@ the error names; the writer then adopts the current (new, empty) index.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from ..bucket.proto.BucketIndexState_pb2 import ReleaseCursor
+from ..clock import Clock, wall_clock_ms
 from ..exceptions import PulsarLifecycleError
 
 log = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def is_fresh(storage: Any) -> bool:
 
 def check_index_identity(storage: Any, state: Any, *, state_location: str, published_seq: int,
                          replace_index_id: str = "",
-                         clock_ms: Callable[[], int] = lambda: int(time.time() * 1000)) -> IdentityResult:
+                         clock_ms: Clock = wall_clock_ms) -> IdentityResult:
     """Make sure `storage` (the index) and `state` (dedup state of this instance) belong together.
 
     Args:

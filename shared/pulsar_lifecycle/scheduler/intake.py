@@ -4,7 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-from ..bucket.protocol import (
+from ..bucket import positions
+from ..bucket.records import DelayedMessage
+from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
+from ..scheduling_protocol import (
+    BATCH_INDEX_PROP,
     CANCEL_PROP,
     DELIVER_AT_PROP,
     TARGET_PROP,
@@ -12,9 +16,6 @@ from ..bucket.protocol import (
     parse_cancel_target,
     parse_deliver_at,
 )
-from ..bucket.records import DelayedMessage
-from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
-from . import positions
 
 DEDUP_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
 
@@ -53,7 +54,7 @@ def classify(
     index_entry = positions.encode(entry, batch_index)
     if index_entry is None:
         return Invalid(f"message {ledger}:{entry}:{batch_index} is beyond the index's position range "
-                       f"(entry <= {positions.MAX_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
+                       f"(entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
     try:
         if CANCEL_PROP in properties:
             lid, eid, bidx = parse_cancel_target(properties[CANCEL_PROP])
@@ -73,7 +74,10 @@ def classify(
         return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix (allowed: {list(allowed_target_prefixes)})")
     # An upstream DedupPublisher's own properties (e.g. the delay-level syncer's forwards) are
     # not the release's: the release publisher adds its own and refuses foreign ones.
-    props = {k: v for k, v in properties.items() if k != TARGET_PROP and k not in DEDUP_PROPERTIES}
+    props = {k: v for k, v in properties.items()
+             if k != TARGET_PROP and k != BATCH_INDEX_PROP and k not in DEDUP_PROPERTIES}
+    if batch_index == 0:  # the index id cannot tell batch index 0 from "not batched": keep it
+        props[BATCH_INDEX_PROP] = "0"
     return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,
                           payload=bytes(payload), key=key or None, properties=props,
                           event_time=int(event_time or 0), target=target)

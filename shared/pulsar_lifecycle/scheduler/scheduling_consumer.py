@@ -14,12 +14,12 @@ index drops what it already holds (duplicates by position), so nothing is lost o
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import pulsar
 
+from ..clock import wall_clock_ms
 from .intake import classify
 from .service import IntakeBatch, Pending
 
@@ -69,7 +69,7 @@ class SchedulingConsumer:
             except pulsar.Timeout:
                 return None
             msgs = [first]
-        now = int(time.time() * 1000)
+        now = wall_clock_ms()
         items = [self._pending(m, now) for m in msgs]
         consumer = self._consumer
 

@@ -23,18 +23,17 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..bucket.protocol import ORIGIN_MSG_ID_PROP, format_origin_msg_id
+from ..bucket import positions
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.records import DelayedMessage, Release
+from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher, OutMessage
 from ..durable import DurableWriteError
-from . import positions
+from ..scheduling_protocol import BATCH_INDEX_PROP, ERROR_PROP, ORIGIN_MSG_ID_PROP, RELEASED_AT_PROP, MessageRef
 from .config import WriterConfig
 from .intake import Cancel, Invalid
 
 log = logging.getLogger(__name__)
-ERROR_PROP = "__pl_error__"
-RELEASED_AT_PROP = "__pl_released_at__"
 # Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
 # batch was not acked and is redelivered. Pulsar exports the count as
 # pulsar_function_user_metric__count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
@@ -51,11 +50,6 @@ def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
         seen.add(id(cur))
         cur = cur.__cause__ or cur.__context__
     return None
-
-
-def now_ms() -> int:
-    """Wall clock in ms: deliver-at times are wall-clock instants."""
-    return int(time.time() * 1000)
 
 
 @dataclass
@@ -136,8 +130,9 @@ class SchedulerService:
     def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
                  resources: Optional[List[Any]] = None,
-                 source_factory: Optional[Callable[[], IntakeSource]] = None) -> None:
+                 source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms) -> None:
         self.engine = engine
+        self.clock = clock  # deliver-at times are wall-clock instants; tests may inject a FakeClock
         self.publisher = publisher
         self.config = config
         self.default_target = default_target
@@ -250,7 +245,7 @@ class SchedulerService:
             if batch is None:
                 batch = self._source.take()
             if batch is None or not batch.items:
-                self.engine.maybe_seal(now_ms())
+                self.engine.maybe_seal(self.clock())
                 continue
             adds = [p.item for p in batch.items if type(p.item) is DelayedMessage]
             if adds:
@@ -265,7 +260,7 @@ class SchedulerService:
                         self._send_invalid(p)
             batch.ack()
             self.received += len(batch.items)
-            self.engine.maybe_seal(now_ms())
+            self.engine.maybe_seal(self.clock())
             with self._wake:
                 self._wake.notify_all()
 
@@ -284,7 +279,7 @@ class SchedulerService:
         last_commit = time.monotonic()
         last_metrics = 0.0
         while not self._stop.is_set():
-            releases = self.engine.pop_due(now_ms(), self.config.release_batch_size)
+            releases = self.engine.pop_due(self.clock(), self.config.release_batch_size)
             if releases:
                 self._publish_round(releases)
             now = time.monotonic()
@@ -301,7 +296,7 @@ class SchedulerService:
             if nxt is not None:
                 # A due head that pop_due did not return is held back by an intake batch being
                 # made durable: wait a moment instead of spinning.
-                wait = min(wait, max(0.001, (nxt - now_ms()) / 1000.0))
+                wait = min(wait, max(0.001, (nxt - self.clock()) / 1000.0))
             wait = min(wait, self.config.commit_interval_millis / 1000.0) if self._outstanding else wait
             if wait > 0:
                 with self._wake:
@@ -310,7 +305,7 @@ class SchedulerService:
     def _publish_round(self, releases: List[Release]) -> None:
         """Publish one round of releases, grouped per target topic (seqs stay increasing per topic)."""
         by_topic: Dict[str, List[OutMessage]] = {}
-        released_at = str(now_ms())  # a batch's publish_timestamp is when the batch opened, not this
+        released_at = str(self.clock())  # a batch's publish_timestamp is when the batch opened, not this
         for r in releases:
             if r.cancelled:
                 self._outstanding.append((r.seq, None))
@@ -320,8 +315,10 @@ class SchedulerService:
             target = m.target or self.default_target
             props = dict(m.properties)
             entry, batch = positions.decode(m.entry_id)
-            origin = format_origin_msg_id(m.ledger_id, entry, m.partition)
-            props[ORIGIN_MSG_ID_PROP] = f"{origin}:{batch}" if batch else origin
+            # Index ids give batch index 0 to non-batched messages too; intake marks a real 0.
+            if props.pop(BATCH_INDEX_PROP, None) is None and batch == 0:
+                batch = -1
+            props[ORIGIN_MSG_ID_PROP] = MessageRef(m.ledger_id, entry, m.partition, batch).format()
             props[RELEASED_AT_PROP] = released_at
             out = by_topic.get(target)
             if out is None:

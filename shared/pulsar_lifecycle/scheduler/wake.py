@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Optional, Tuple
+
+from ..clock import wall_clock_ms
+from ..scheduling_protocol import TICK_PROP
 
 log = logging.getLogger(__name__)
 
-TICK_PROP = "__pl_tick__"  # the same property the local runner's ticks carry
 
 Position = Tuple[int, int, int, int]  # (ledger, entry, partition, batch index) of a tick
 
@@ -60,7 +61,7 @@ def send_wake_tick(client: Any, tick_topic: str) -> None:
     redeliver (the held one, or this one), before anything of this start is acked."""
     producer = client.create_producer(tick_topic, batching_enabled=False)
     try:
-        producer.send(b"tick", properties={TICK_PROP: str(int(time.time() * 1000))})
+        producer.send(b"tick", properties={TICK_PROP: str(wall_clock_ms())})
     finally:
         producer.close()
     log.info("event=wake_tick_sent topic=%s", tick_topic)

@@ -17,8 +17,8 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import pyarrow as pa
 
-from ..bucket.protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, ProtocolError, parse_deliver_at
 from ..scheduler.intake import Intake, classify
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, ProtocolError, parse_deliver_at
 
 EXPORT_SCHEMA = pa.schema([
     pa.field("ledger_id", pa.int64(), nullable=False),

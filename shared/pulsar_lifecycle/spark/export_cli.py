@@ -46,8 +46,8 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
           --subscription public/default/bucket-snapshot-writer --out backlog/
       pulsar-lifecycle export-backlog --from-jobs jobs.jsonl --dataset-id 1 --out backlog/
     """
-    from .export import export_backlog as run_export
     from ..scheduler.wake import send_wake_tick
+    from .export import export_backlog as run_export
     from .export import import_jobs
     from .store import exclusive
 

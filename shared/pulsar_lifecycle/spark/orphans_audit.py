@@ -35,8 +35,8 @@ from .orphans_job import (
     union_all,
     write_candidates,
 )
-from .orphans_model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
 from .orphans_listing import list_bookies
+from .orphans_model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
 from .orphans_sources import BookieListing
 from .orphans_state import ScanRecord, ScanStateDir, new_scan_id, record_dict
 

@@ -121,7 +121,7 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
     orphans also found by a committed scan at least --confirm-after older are enqueued, and only
     through phase one of two-phase deletion (the deletion worker re-checks before deleting).
     """
-    from ..storage.s3 import make_s3_client  # boto3 only when S3 is listed
+    from ..deletion.storage.s3 import make_s3_client  # boto3 only when S3 is listed
     from .orphans_job import default_export_coverage
     from .orphans_sources import (
         AdminInUse,
@@ -174,6 +174,7 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
         finally:
             if service is not None:
                 service.close()
+            if client is not None:
                 client.close()
 
     from .cli import run_job

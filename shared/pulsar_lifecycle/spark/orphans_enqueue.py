@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
 from ..deletion.model import (
     InvalidRequestError,
@@ -38,7 +38,7 @@ class NotEnqueueable(ValueError):
 
 def to_request(row: Mapping[str, Any]) -> PendingDeleteLedgerInfo:
     """The phase-one request for one confirmed orphan row (candidate columns)."""
-    comp, owner, lid = row.get("component"), row.get("owner"), int(row["ledger_id"])
+    comp, owner, lid = row.get("component"), str(row.get("owner") or ""), int(row["ledger_id"])
     store, detail = str(row.get("store") or ""), row.get("detail")
     try:
         if comp == COMP_MANAGED_LEDGER:
@@ -81,7 +81,7 @@ class EnqueueResult:
     failed: Optional[str] = None  # the first send failure (sending stops there)
 
 
-def enqueue_orphans(rows: List[Mapping[str, Any]], append: Callable[[PendingDeleteLedgerInfo], Any]) -> EnqueueResult:
+def enqueue_orphans(rows: Sequence[Mapping[str, Any]], append: Callable[[PendingDeleteLedgerInfo], Any]) -> EnqueueResult:
     """Send each row's request through `append` (LedgerDeletionService.append). Stops at the first
     failed send: the rest stay orphans and are found again by the next scan."""
     result = EnqueueResult()

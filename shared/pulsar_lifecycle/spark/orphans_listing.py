@@ -69,7 +69,7 @@ def list_bookies(spark: SparkSession, listing: BookieListing, out_dir: Path, tas
             blocks = [(b, min(b + pages_per_task - 1, listing.max_pages))
                       for b in range(first, min(first + tasks * pages_per_task, listing.max_pages + 1), pages_per_task)]
             rdd = sc.parallelize(blocks, len(blocks)).mapPartitions(
-                lambda it, _l=listing: _fetch_blocks(_l, it))
+                lambda it, _l=listing: _fetch_blocks(_l, it))  # type: ignore[misc]  # mypy cannot type a lambda default
             part = str(out_dir / f"round-{rounds:06d}")
             # One pass over the pages: rows and end markers are written together, then read back.
             spark.createDataFrame(rdd.map(lambda kv: (kv[0], kv[1] if kv[0] == 0 else None, kv[1] if kv[0] == 1 else None)),

@@ -25,11 +25,11 @@ from urllib.parse import quote
 from ..bucket.codec import Manifest
 from ..bucket.storage import SnapshotNotFoundError
 from ..bucket.storage import StorageError as SnapshotStorageError
-from ..bucket.storage_dir import DirectorySnapshotStorage
+from ..bucket.storage.directory import DirectorySnapshotStorage
+from ..deletion.admin import ledger_ids_from_internal_stats
 from ..deletion.model import TopicRef, java_url_encode
-from ..storage.admin import ledger_ids_from_internal_stats
-from ..storage.base import StorageError
-from ..storage.http import HttpEndpoints
+from ..deletion.ports import StorageError
+from ..deletion.storage.http import HttpEndpoints
 from .orphans_model import (
     ADMIN_COMPONENTS,
     BUCKET_SPACE_PREFIX,

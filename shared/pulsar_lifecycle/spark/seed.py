@@ -24,9 +24,9 @@ from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
 from ..bucket.sealing import plan_ledger_buckets, seal_threshold
 from ..bucket.storage import BucketSnapshotStorage
-from ..bucket_protocol import CANCEL_PROP
 from ..scheduler.index_identity import seq_base_for_new_index
 from ..scheduler.intake import Cancel
+from ..scheduling_protocol import CANCEL_PROP
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
 from .progress import JobProgress

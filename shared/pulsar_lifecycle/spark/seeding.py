@@ -143,7 +143,7 @@ def _build(table: Any, config: BucketConfig, opts: ClassifyOptions, tombstones: 
     out.items = len(ordered)
     out.start_ledger, out.end_ledger = int(lids.min()), int(lids.max())
     out.segments = [_segment(ordered, ts_list, lids, iids, s, e)
-                    for s, e in cut_bounds(ts, config.time_step_ms,
+                    for s, e in cut_bounds(ts, config.time_step_ms,  # type: ignore[arg-type]  # numpy: indexes like a sequence
                                            config.delayed_delivery_max_indexes_per_bucket_snapshot_segment)]
     out.metadata = snapshot_metadata_bytes(out.segments)
     return out

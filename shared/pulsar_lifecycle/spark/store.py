@@ -10,41 +10,35 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 from typing import IO, Any, Iterator, Optional
-from urllib.parse import urlparse
 
-from ..bucket.storage import BucketSnapshotStorage
-from ..bucket.storage_dir import DirectorySnapshotStorage
-from ..scheduler.factory import bookkeeper_snapshot_storage, lock_exclusively
+from ..bucket.storage import (
+    BucketSnapshotStorage,
+    SnapshotStorageError,
+    SnapshotStoreUrl,
+    lock_exclusively,
+    open_snapshot_storage,
+    parse_snapshot_url,
+)
 from .errors import SparkJobError
 
 
-def _parse(url: str) -> tuple:
-    if url.startswith("bk://"):
-        u = urlparse(url)
-        parts = [p for p in u.path.split("/") if p]
-        if len(parts) != 3 or not u.hostname:
-            raise SparkJobError(f"snapshot store {url!r}: expected bk://host:port/<tenant>/<namespace>/<function name>")
-        return "bk", f"bk://{u.hostname}:{u.port or 4181}", parts
-    if url.startswith("file://"):
-        return "dir", Path(urlparse(url).path), None
-    if "://" in url:
-        raise SparkJobError(f"snapshot store {url!r}: use a directory path, file:///path or bk://host:port/tenant/ns/name")
-    return "dir", Path(url), None
+def _parse(url: str) -> SnapshotStoreUrl:
+    try:
+        return parse_snapshot_url(url)
+    except SnapshotStorageError as exc:
+        raise SparkJobError(str(exc)) from None
 
 
 def open_store(url: str) -> BucketSnapshotStorage:
     """`/path` or `file:///path`: the directory store (snapshotDir); `bk://host:port/tenant/namespace/name`:
-    the table-service store of that writer function."""
-    kind, where, parts = _parse(url)
-    if kind == "bk":
-        return bookkeeper_snapshot_storage(where, *parts)
-    return DirectorySnapshotStorage(where)
+    the table-service store of that writer function (`bucket.storage.open_snapshot_storage`)."""
+    _parse(url)
+    return open_snapshot_storage(url)
 
 
 def store_dir(url: str) -> Optional[Path]:
     """The directory of a directory store, None for other kinds."""
-    kind, where, _ = _parse(url)
-    return where if kind == "dir" else None
+    return _parse(url).directory
 
 
 @contextlib.contextmanager

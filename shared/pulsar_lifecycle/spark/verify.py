@@ -31,7 +31,8 @@ from ..bucket.codec import (
     parse_segment,
 )
 from ..bucket.config import BucketConfig
-from ..bucket.storage import BucketSnapshotStorage, StorageError
+from ..bucket.records import DelayedMessage
+from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
 from ..scheduler.intake import Cancel
 from .backlog import ClassifyOptions, as_properties, classify_row
 from .checks import (
@@ -149,7 +150,7 @@ def positions_partition(url: str, batches: Iterator[Any]) -> Iterator[Any]:
                     datas = storage.get_segments(bid, 1, n) if n else []
                 except (StorageError, CorruptRecordError):
                     continue  # reported by the check pass
-                for k, data in enumerate(datas, start=1):
+                for data in datas:
                     try:
                         idx = parse_segment(data).indexes
                     except CorruptRecordError:
@@ -174,7 +175,7 @@ def expected_partition(opts: ClassifyOptions, batches: Iterator[Any]) -> Iterato
                 out["entry_id"].append(res.entry_id)
                 out["deliver_at"].append(0)
                 out["kind"].append("cancel")
-            elif hasattr(res, "deliver_at"):
+            elif isinstance(res, DelayedMessage):
                 out["ledger_id"].append(res.ledger_id)
                 out["entry_id"].append(res.entry_id)
                 out["deliver_at"].append(res.deliver_at)
@@ -197,8 +198,6 @@ def _seen_for(ledgers: List[int], seen: Dict[int, bytes], start: int, end: int) 
 def _journal(storage: BucketSnapshotStorage, url: str, report: VerifyReport) -> Tuple[LedgerBitmaps, LedgerBitmaps, bool]:
     """(journal item positions, journal cancels, read?) - read only when no writer holds the store
     (reading a live directory journal could race with its appends)."""
-    from ..scheduler.factory import lock_exclusively
-
     items, cancels = LedgerBitmaps(), LedgerBitmaps()
     path = store_dir(url)
     fh = None
@@ -209,7 +208,7 @@ def _journal(storage: BucketSnapshotStorage, url: str, report: VerifyReport) -> 
             report.warnings.append("a writer holds the store: its journal (the newest items) was not read")
             return items, cancels, False
     try:
-        man = parse(Manifest, storage.get_manifest(), "manifest")
+        man = parse(Manifest, storage.get_manifest() or b"", "manifest")  # none yet: no journal cut
         for rid, raw in storage.journal_read():
             if rid <= man.journal_cut:
                 continue

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from typing import Optional, Protocol, runtime_checkable
 
+from ..exceptions import PulsarLifecycleError
 
-class StateError(RuntimeError):
+
+class StateError(PulsarLifecycleError, RuntimeError):
     """A state backend could not be reached or answered with an error."""
 
 

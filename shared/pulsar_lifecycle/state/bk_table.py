@@ -142,11 +142,11 @@ def _use_channel(client: Any, channel: grpc.Channel) -> None:
     if own is None or not hasattr(client, "__root_range__"):
         raise StateError("unsupported apache-bookkeeper-client version: no __channel__/__root_range__ on its clients")
     own.close()
-    setattr(client, "__channel__", channel)
+    client.__channel__ = channel
     root_range = RootRangeServiceStub(channel=channel)
-    setattr(client, "__root_range__", root_range)
+    client.__root_range__ = root_range
     if hasattr(client, "__namespaces__"):
-        setattr(client, "__namespaces__", Namespaces(root_range))
+        client.__namespaces__ = Namespaces(root_range)
 
 
 def _bad_java_char(c: int) -> bool:

@@ -9,15 +9,14 @@ Two backends, chosen by configuration:
 from __future__ import annotations
 
 import math
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
-from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
-from ..scheduler.positions import format_message_ref
+from ..clock import wall_clock_ms as now_ms
+from ..producers import ProducerPool
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, MessageRef
 
 BACKENDS = ("broker", "scheduler")
 MAX_TIME_MS = 2**63 - 1  # Pulsar's deliverAtTime is a Java long
@@ -44,11 +43,6 @@ def check_time_ms(name: str, value: Any) -> int:
     return out
 
 
-def now_ms() -> int:
-    """Wall-clock milliseconds since the epoch (what deliver-at times are measured in)."""
-    return int(time.time() * 1000)
-
-
 @dataclass
 class DelayedProducer:
     """Sends messages to be delivered at a given time through the configured backend."""
@@ -56,25 +50,20 @@ class DelayedProducer:
     client: pulsar.Client
     backend: str = "scheduler"
     scheduling_topic: Optional[str] = None
-    _producers: Dict[str, pulsar.Producer] = field(default_factory=dict, init=False, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _pool: ProducerPool = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"unknown delay backend {self.backend!r}; expected one of {BACKENDS}")
         if self.backend == "scheduler" and not self.scheduling_topic:
             raise ValueError("the scheduler delay backend needs a scheduling_topic")
+        # Batching on: the scheduler indexes (entry, batch index), and the embedded broker
+        # dispatches unbatched messages about 100x slower than batched ones.
+        self._pool = ProducerPool(self.client, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                  block_if_queue_full=True)
 
     def _producer(self, topic: str) -> pulsar.Producer:
-        with self._lock:
-            prod = self._producers.get(topic)
-            if prod is None:
-                # Batching on: the scheduler indexes (entry, batch index), and the embedded broker
-                # dispatches unbatched messages about 100x slower than batched ones.
-                prod = self.client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
-                                                   block_if_queue_full=True)
-                self._producers[topic] = prod
-            return prod
+        return self._pool.get(topic)
 
     def _prepare(self, topic: str, deliver_at_ms: int, properties: Optional[Mapping[str, str]], key: Optional[str],
                  event_timestamp: Optional[int]) -> Tuple[str, Dict[str, str], Dict[str, Any]]:
@@ -123,10 +112,7 @@ class DelayedProducer:
 
     def flush(self) -> None:
         """Wait until every message sent so far is confirmed or failed."""
-        with self._lock:
-            producers = list(self._producers.values())
-        for prod in producers:
-            prod.flush()
+        self._pool.flush()
 
     def send_after(self, topic: str, payload: bytes, delay_ms: int, **kw) -> pulsar.MessageId:
         """Like send(), with a delay relative to now."""
@@ -138,16 +124,9 @@ class DelayedProducer:
         if self.backend != "scheduler":
             raise ValueError("cancellation needs the scheduler backend; Pulsar's broker cannot cancel (PR #23907)")
         assert self.scheduling_topic is not None
-        ref = format_message_ref(message_id.ledger_id(), message_id.entry_id(), message_id.batch_index())
+        ref = MessageRef.of(message_id).format_cancel()
         return self._producer(self.scheduling_topic).send(b"", properties={CANCEL_PROP: ref})
 
     def close(self) -> None:
         """Flush and close every producer this object opened."""
-        with self._lock:
-            for prod in self._producers.values():
-                try:
-                    prod.flush()
-                    prod.close()
-                except Exception:  # closing is best effort; the client may already be gone
-                    pass
-            self._producers.clear()
+        self._pool.close()

@@ -25,6 +25,7 @@ StorageError naming the file and the errno, never a silently short file.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -33,10 +34,10 @@ import struct
 import threading
 import zlib
 from pathlib import Path
-from typing import BinaryIO, List, Optional, Sequence, Tuple
+from typing import IO, BinaryIO, List, Optional, Sequence, Tuple
 
-from ..durable import DurableFile, append_durably, atomic_write, fsync_dir, truncate_durably
-from .storage import (
+from ...durable import DurableFile, append_durably, atomic_write, fsync_dir, truncate_durably
+from .base import (
     SnapshotNotFoundError,
     StorageError,
     check_bucket_id,
@@ -92,6 +93,7 @@ class _DirWriter:
             meta_entry = self._write(bytes(metadata))
             info_offset = self._offset
             table = b"".join(_ENTRY.pack(*e) for e in [meta_entry] + self._entries)
+            assert self._fh is not None, "finish() after abort()"
             self._fh.write(self._info + table + _TRAILER.pack(len(self._entries) + 1, len(self._info),
                                                               info_offset, _SNAP_MAGIC))
             fh, self._fh = self._fh, None
@@ -404,3 +406,16 @@ class DirectorySnapshotStorage:
     def close(self) -> None:
         with self._jlock:
             self._close_journal()
+
+
+def lock_exclusively(path: Path) -> IO[str]:
+    """One writer instance per snapshot directory: two would allocate the same bucket ids."""
+    path.mkdir(parents=True, exist_ok=True)
+    fh = open(path / "writer.lock", "a")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        fh.close()
+        raise RuntimeError(f"snapshot directory {path} is in use by another BucketSnapshotWriter instance; "
+                           "give each instance its own snapshotDir (or run parallelism 1)") from None
+    return fh  # the flock lasts while this file stays open (and ends with the process)

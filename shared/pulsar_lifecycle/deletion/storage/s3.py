@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Dict, FrozenSet, Optional, Tuple
+from typing import Any, Callable, Dict, FrozenSet, Optional, Tuple
 
-from .base import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
-
-if TYPE_CHECKING:
-    from ..deletion.model import PendingDeleteLedgerInfo
+from ..model import InvalidRequestError, PendingDeleteLedgerInfo
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +55,6 @@ class S3OffloadStorage:
     name: str = "s3"
 
     def _target(self, request: "PendingDeleteLedgerInfo") -> Tuple[str, str, str]:
-        from ..deletion.model import InvalidRequestError
-
         assert request.context is not None and request.context.offload_context is not None
         oc = request.context.offload_context
         bucket = oc.driver_metadata.get("bucket") or self.default_bucket

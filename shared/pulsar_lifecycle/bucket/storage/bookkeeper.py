@@ -28,9 +28,9 @@ import threading
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from ..state.base import StateError
-from ..state.bk_table import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, BookKeeperTable
-from .storage import (
+from ...state.base import StateError, table_namespace
+from ...state.bk_table import DEFAULT_CONNECT_TIMEOUT, DEFAULT_OP_TIMEOUT, BookKeeperTable
+from .base import (
     SnapshotNotFoundError,
     StorageError,
     check_bucket_id,
@@ -105,8 +105,6 @@ class BookKeeperTableSnapshotStorage:
         if table is None:
             if not service_url:
                 raise ValueError("BookKeeperTableSnapshotStorage needs a service_url ('bk://host:port') or a table")
-            from ..state.base import table_namespace
-
             try:
                 table = BookKeeperTable(service_url, table_namespace(tenant, namespace), table_name,
                                         connect_timeout=connect_timeout, op_timeout=op_timeout)
@@ -221,7 +219,7 @@ class BookKeeperTableSnapshotStorage:
             bid = self._counter()
         else:
             bid = check_bucket_id(bucket_id)
-        info = {"bucket_key": bucket_key, "topic": topic, "cursor": cursor}
+        info: Dict[str, object] = {"bucket_key": bucket_key, "topic": topic, "cursor": cursor}
         self._put_value(self._info_key(bid), json.dumps(dict(info, state="writing")).encode())
         return _BkWriter(self, bid, info)
 
@@ -255,11 +253,11 @@ class BookKeeperTableSnapshotStorage:
 
     def get_segments(self, bucket_id: int, first: int, last: int) -> List[bytes]:
         info = self._info(bucket_id)
-        check_entry_range(bucket_id, first, last, int(info["entries"]) - 1)
+        check_entry_range(bucket_id, first, last, int(str(info["entries"])) - 1)
         return [self._entry(bucket_id, i) for i in range(first, last + 1)]
 
     def get_length(self, bucket_id: int) -> int:
-        return int(self._info(bucket_id)["length"])
+        return int(str(self._info(bucket_id)["length"]))
 
     def delete(self, bucket_id: int) -> None:
         check_bucket_id(bucket_id)
@@ -302,9 +300,10 @@ class BookKeeperTableSnapshotStorage:
             raise StorageError(f"{self!r}: journal meta {raw!r} is malformed") from None
         return first, gc_from
 
-    def _jopen(self) -> None:
+    def _jopen(self) -> int:
+        """Load the journal's bounds once; returns the first record id."""
         if self._jfirst is not None:
-            return
+            return self._jfirst
         first, gc_from = self._jmeta()
         for rid in range(gc_from, first):  # finish a truncation interrupted by a crash
             self._delete_value(self._jkey(rid))
@@ -314,6 +313,7 @@ class BookKeeperTableSnapshotStorage:
         while self._get_raw(self._jkey(nxt)) is not None:
             nxt += 1
         self._jfirst, self._jnext = first, nxt
+        return first
 
     def journal_append(self, record: bytes) -> int:
         with self._jlock:
@@ -326,9 +326,9 @@ class BookKeeperTableSnapshotStorage:
     def journal_read(self) -> List[Tuple[int, bytes]]:
         with self._jlock:
             self._jfirst = None  # re-read from the table
-            self._jopen()
+            first = self._jopen()
             out = []
-            for rid in range(self._jfirst, self._jnext):
+            for rid in range(first, self._jnext):
                 data = self._get_value(self._jkey(rid))
                 if data is None:
                     break
@@ -337,8 +337,7 @@ class BookKeeperTableSnapshotStorage:
 
     def journal_truncate(self, upto: int) -> None:
         with self._jlock:
-            self._jopen()
-            first = self._jfirst
+            first = self._jopen()
             new_first = max(first, upto + 1)
             if new_first == first:
                 return

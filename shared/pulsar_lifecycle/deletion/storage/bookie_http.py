@@ -11,13 +11,11 @@ import base64
 import binascii
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, Optional, Sequence, Set
+from typing import Dict, Sequence, Set
 
-from .base import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
+from ..model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from .http import HttpEndpoints
-
-if TYPE_CHECKING:
-    from ..deletion.model import PendingDeleteLedgerInfo
 
 log = logging.getLogger(__name__)
 
@@ -103,23 +101,17 @@ class BookieHttpClient:
 
 def expected_owner(request: "PendingDeleteLedgerInfo") -> Dict[str, str]:
     """The custom-metadata values a ledger of this request must carry."""
-    from ..deletion.model import LedgerComponent
-
     topic = request.topic
     comp = request.ledger_component
     if comp in (LedgerComponent.MANAGED_LEDGER, LedgerComponent.MANAGED_CURSOR):
         return {KEY_COMPONENT: COMPONENT_MANAGED_LEDGER, KEY_MANAGED_LEDGER: topic.managed_ledger_name}
     if comp is LedgerComponent.SCHEMA_STORAGE:
         return {KEY_COMPONENT: COMPONENT_SCHEMA, KEY_SCHEMA_ID: topic.schema_id}
-    from ..deletion.model import InvalidRequestError
-
     raise InvalidRequestError(f"component {comp.value} is not stored as a BookKeeper ledger here")
 
 
 def compare_owner(request: "PendingDeleteLedgerInfo", md: Dict[str, str]) -> OwnershipCheck:
     """Apply seed 001's safety rule to one ledger's custom metadata."""
-    from ..deletion.model import LedgerComponent
-
     md = dict(md)
     # Old Pulsar wrote psr/...; treat them as the current keys.
     if KEY_MANAGED_LEDGER not in md and LEGACY_KEY_MANAGED_LEDGER in md:

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # only for type hints; the deletion model imports nothing from here
-    from ..deletion.model import PendingDeleteLedgerInfo
+from .exceptions import StorageError
+from .model import PendingDeleteLedgerInfo
 
-
-class StorageError(RuntimeError):
-    """A transient storage failure (network, 5xx, throttling): the deletion is retried later."""
-
+__all__ = ["DeleteResult", "LedgerStorage", "OwnershipCheck", "OwnershipStatus", "StorageError"]
 
 class OwnershipStatus(enum.Enum):
     """What the ledger's own metadata says about the request."""

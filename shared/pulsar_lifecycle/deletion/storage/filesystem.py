@@ -10,12 +10,9 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from .base import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
-
-if TYPE_CHECKING:
-    from ..deletion.model import PendingDeleteLedgerInfo
+from ..model import InvalidRequestError, PendingDeleteLedgerInfo
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +31,6 @@ class FileSystemOffloadStorage:
 
     def path_for(self, request: "PendingDeleteLedgerInfo") -> str:
         """The ledger's directory; InvalidRequestError if it would leave the base directory."""
-        from ..deletion.model import InvalidRequestError
-
         assert request.context is not None and request.context.offload_context is not None
         oc = request.context.offload_context
         ml = request.topic.managed_ledger_name

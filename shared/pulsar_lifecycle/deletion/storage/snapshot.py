@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
-from .base import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
-
-if TYPE_CHECKING:
-    from ..deletion.model import PendingDeleteLedgerInfo
+from ..model import PendingDeleteLedgerInfo, TopicRef
+from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 
 log = logging.getLogger(__name__)
 
@@ -36,8 +34,6 @@ class SnapshotStoreStorage:
             raise StorageError(f"snapshot owner lookup bucket={request.ledger_id}: {exc}") from exc
         if owner is None:
             return OwnershipCheck(OwnershipStatus.GONE, f"bucket {request.ledger_id} has no snapshot")
-        from ..deletion.model import TopicRef
-
         if TopicRef.parse(owner).short_name != request.topic.short_name:
             return OwnershipCheck(OwnershipStatus.MISMATCH, f"bucket {request.ledger_id} belongs to {owner}")
         return OwnershipCheck(OwnershipStatus.MATCH, f"bucket {request.ledger_id} owned by {owner}")

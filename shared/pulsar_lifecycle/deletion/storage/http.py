@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import requests
 
-from .base import StorageError
+from ..ports import StorageError
 
 log = logging.getLogger(__name__)
 

@@ -8,13 +8,11 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Set
+from typing import Any, Dict, Optional, Sequence, Set
 
-from .base import StorageError
-from .http import HttpEndpoints
-
-if TYPE_CHECKING:
-    from ..deletion.model import TopicRef
+from .model import TopicRef, java_url_encode
+from .ports import StorageError
+from .storage.http import HttpEndpoints
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +54,6 @@ class PulsarAdminClient:
 
     @staticmethod
     def _path(topic: "TopicRef", suffix: str) -> str:
-        from ..deletion.model import java_url_encode
-
         return f"/admin/v2/persistent/{topic.tenant}/{topic.namespace}/{java_url_encode(topic.local_name)}/{suffix}"
 
     def _get(self, topic: "TopicRef", suffix: str) -> Optional[Dict[str, Any]]:
