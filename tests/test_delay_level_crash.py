@@ -161,5 +161,5 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     # right after a restart. Reported (a warning), not asserted, until that case is found too.
     if too_late:
         warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; logs in {tmp_path}")
+                      f"e.g. {too_late[:5]}; logs in {tmp_path}", stacklevel=2)
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages
