@@ -1,7 +1,6 @@
 """A Context with the whole API of Pulsar's Python ContextImpl, for the local run mode."""
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -11,6 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import pulsar
 
+from ..config.settings import user_config_from_json
 from ..state.base import StateStore
 from .classloader import import_class
 from .metrics import FunctionMetrics
@@ -252,8 +252,5 @@ def parse_user_config(raw: Any) -> Dict[str, Any]:
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
-        value = json.loads(raw)
-        if not isinstance(value, dict):
-            raise ValueError(f"--user-config must be a JSON object, got {type(value).__name__}")
-        return value
+        return user_config_from_json(raw)
     return dict(raw)
