@@ -2,6 +2,7 @@
 
     flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py                 # 10M rows
     flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py --rows 1000000 --baseline-rows 200000
+    flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py --seed-only          # the seed step alone
 
 1. An export of N rows (what export-backlog writes) is generated: `--ledgers` ledgers in order,
    deliver-at spread over `--spread-hours` from now (the earliest already due when the writer
@@ -200,6 +201,8 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
+    ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
+    ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
@@ -225,16 +228,23 @@ def main() -> None:
                        "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
           f"= {seed.rows_per_s:,.0f} rows/s", flush=True)
-    with JobProgress(spark, "verify") as progress:
-        ver = run_verify(spark, str(work / "seeded"), config, progress=progress)
-    results["verify"] = {"seconds": ver.seconds, "indexes_per_s": ver.items_per_s, "ok": ver.ok}
-    print(f"verify: {ver.items:,} indexes in {ver.seconds} s = {ver.items_per_s:,.0f}/s ok={ver.ok}", flush=True)
-    with JobProgress(spark, "verify --against") as progress:
-        vag = run_verify(spark, str(work / "seeded"), config, against=[str(work / "export")], opts=opts,
-                         progress=progress)
-    results["verify_against"] = {"seconds": vag.seconds, "rows_per_s": round(args.rows / vag.seconds),
-                                 "ok": vag.ok, "found": vag.against["found"] if vag.against else None}
-    print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
+    if args.seed_only:
+        spark.stop()
+        print(json.dumps(results, indent=2))
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+        return
+    if not args.skip_verify:
+        with JobProgress(spark, "verify") as progress:
+            ver = run_verify(spark, str(work / "seeded"), config, progress=progress)
+        results["verify"] = {"seconds": ver.seconds, "indexes_per_s": ver.items_per_s, "ok": ver.ok}
+        print(f"verify: {ver.items:,} indexes in {ver.seconds} s = {ver.items_per_s:,.0f}/s ok={ver.ok}", flush=True)
+        with JobProgress(spark, "verify --against") as progress:
+            vag = run_verify(spark, str(work / "seeded"), config, against=[str(work / "export")], opts=opts,
+                             progress=progress)
+        results["verify_against"] = {"seconds": vag.seconds, "rows_per_s": round(args.rows / vag.seconds),
+                                     "ok": vag.ok, "found": vag.against["found"] if vag.against else None}
+        print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
     spark.stop()
 
     if not args.skip_baseline:

@@ -333,6 +333,35 @@ def test_recovery_reads_only_metadata_and_one_segment_per_bucket(tmp_path: Path)
     assert [r.seq for r in again] == list(range(report.committed_seq + 1, n + 37 + 1))
 
 
+def test_buckets_after_the_watermark_are_recovered_without_reading_a_segment(tmp_path: Path):
+    # A seeded store (or a writer that released little): recovery reads entry 0 of each bucket
+    # and no segment; each bucket's first segment is read when it is due, order kept.
+    st = CountingStorage(DirectorySnapshotStorage(tmp_path))
+    cfg = dict(max_unacked_per_bucket=100, delayed_delivery_max_indexes_per_bucket_snapshot_segment=10,
+               delayed_delivery_max_num_buckets=-1)
+    ix = new_index(st, **cfg)
+    for b in range(4):
+        ix.add([msg(10 + b, e, 5_000 + (e * 7919 + b * 31) % 900) for e in range(100)])
+    ix.add([msg(90, 0, 100)])  # in the journal: released and committed before the buckets' items
+    first = ix.pop_due(200, 10)
+    assert [r.message.ledger_id for r in first] == [90]
+    ix.commit(first[0].seq)
+    st.reset()
+    ix2 = BucketIndex(st, BucketConfig(**cfg))
+    report = ix2.recover()
+    assert report.buckets == 4 and report.segment_reads == 0 and st.calls.get("get_segments", 0) == 0
+    assert report.pending == 400 and ix2.contains(12, 57) and ix2.next_release_time() == min(
+        5_000 + (e * 7919 + b * 31) % 900 for b in range(4) for e in range(100))
+    assert ix2.cancel(11, 3) == CancelResult.CANCELLED  # pending, known from the bitmaps alone
+    out = drain(ix2)
+    keys = [r.key for r in out]
+    assert keys == sorted(keys) and len(set(keys)) == 400
+    assert {(r.message.ledger_id, r.message.entry_id) for r in out} == {(10 + b, e) for b in range(4) for e in range(100)}
+    assert [r.seq for r in out] == list(range(first[0].seq + 1, first[0].seq + 401))
+    assert [(r.message.ledger_id, r.message.entry_id) for r in out if r.cancelled] == [(11, 3)]
+    assert not ix2.contains(12, 57) and ix2.pending_count() == 0
+
+
 def test_recovery_after_crash_between_snapshot_and_manifest_deletes_the_orphan(tmp_path: Path):
     st = CountingStorage(DirectorySnapshotStorage(tmp_path))
     ix = new_index(st, **SMALL)

@@ -21,6 +21,7 @@ from pulsar_lifecycle.bucket.codec import (
     SnapshotSegmentMetadata,
     decode_item,
     encode_item,
+    encode_segment,
     encode_journal_add,
     frame,
     join_blobs,
@@ -40,7 +41,7 @@ from pulsar_lifecycle.bucket.protocol import (
     parse_deliver_at,
     parse_origin_msg_id,
 )
-from pulsar_lifecycle.bucket.segments import SegmentCutter, cut_segments, snapshot_metadata
+from pulsar_lifecycle.bucket.segments import SegmentCutter, cut_bounds, cut_segments, snapshot_metadata
 
 PROTO_DIR = Path(__file__).resolve().parents[1] / "shared" / "pulsar_lifecycle" / "bucket" / "proto"
 
@@ -233,6 +234,46 @@ def test_segment_metadata_has_per_ledger_bitmaps_of_its_own_indexes():
     seg = SnapshotSegment.FromString(segs[0].data)
     assert [(i.timestamp, i.ledger_id, i.entry_id, i.batch_index) for i in seg.indexes] == [
         (10, 1, 5, 0), (10, 1, 5, 2), (11, 2, 7, 1), (12, 1, 6, 0)]
+
+
+def test_batch_rule_agrees_with_the_streaming_cutter() -> None:
+    # cut_bounds (cut_segments, the Spark seeder) and SegmentCutter (the engine's merges) are the
+    # same rule: equal segments, bytes and bitmaps included, on random input.
+    import random
+
+    rnd = random.Random(11)
+    for step, max_idx in ((1, 1), (50, 7), (300, -1), (1000, 3)):
+        keys = sorted({(rnd.randrange(0, 3000), rnd.randrange(1, 4), index_id(rnd.randrange(0, 300), rnd.randrange(-1, 3)))
+                       for _ in range(400)})
+        items = [item(*k, payload=bytes(rnd.randrange(256) for _ in range(rnd.randrange(4)))) for k in keys]
+        streamed, cutter = [], SegmentCutter(step, max_idx)
+        for it in items:
+            seg = cutter.push(it)
+            if seg is not None:
+                streamed.append(seg)
+        streamed.append(cutter.finish())
+        batch = cut_segments(items, step, max_idx)
+        assert [(s.data, s.count, s.first_key, s.last_key, s.metadata.SerializeToString(deterministic=True))
+                for s in batch] == [(s.data, s.count, s.first_key, s.last_key,
+                                     s.metadata.SerializeToString(deterministic=True)) for s in streamed]
+        assert cut_bounds([k[0] for k in keys], step, max_idx) == [
+            (sum(s.count for s in batch[:i]), sum(s.count for s in batch[:i + 1])) for i in range(len(batch))]
+    with pytest.raises(ValueError, match="increasing"):
+        cut_segments([item(5, 1, 2), item(5, 1, 1)], 10, 5)
+
+
+def test_a_segment_encoded_in_one_call_equals_its_framed_items() -> None:
+    import random
+
+    rnd = random.Random(5)
+    messages = [DelayedMessage(rnd.randrange(1, 1 << 40), index_id(rnd.randrange(0, 1 << 20), rnd.randrange(-1, 1000)),
+                               rnd.choice((-1, 0, 7)), rnd.randrange(1, 1 << 45), bytes(rnd.randrange(256) for _ in range(rnd.randrange(200))),
+                               rnd.choice((None, "", "k\u00e9y")), rnd.choice(({}, {"a": "1"}, {"z": "", "b": "\u20ac", "a": "x"})),
+                               rnd.choice((0, 12345)), rnd.choice((None, "persistent://t/n/out")))
+                for _ in range(300)]
+    ts = [m.deliver_at + rnd.randrange(3) for m in messages]
+    assert encode_segment(messages, ts) == b"".join(frame(encode_item(m, t)) for m, t in zip(messages, ts))
+    assert encode_segment([], []) == b""
 
 
 def test_cutter_rejects_bad_input():

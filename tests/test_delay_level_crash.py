@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -59,7 +58,8 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
     s.update(name=f"dlc-syncer-{unique}", subName=f"dlc-syncer-{unique}")
     s["userConfig"].update(delayLevelTopic=t["dl"], schedulingTopic=t["sched"], schedulingSubscription="writer",
                            partitionBy="SECONDS", unitSeconds=UNIT_S, messageMaximumDelayTimeSeconds=UNITS * UNIT_S,
-                           lookaheadMillis=LOOKAHEAD_MS, tickTopic=t["sticks"], tickTimeMillis=200)
+                           lookaheadMillis=LOOKAHEAD_MS, tickTopic=t["sticks"], tickTimeMillis=200,
+                           tickMode="runner")  # as the writer: the local runner's ticks start it
     wp, sp = tmp_path / "writer.yaml", tmp_path / "syncer.yaml"
     wp.write_text(yaml.safe_dump(w))
     sp.write_text(yaml.safe_dump(s))
@@ -154,11 +154,10 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     assert not missing, f"{len(missing)} never released, e.g. {sorted(missing)[:5]}; logs in {tmp_path}"
     assert not twice, f"{len(twice)} released more than once, e.g. {list(twice.items())[:5]}"
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
-    # The lateness bound is NOT yet met reliably (issue 11 stays open): on a quiet 2-core machine
-    # most runs stay within it (worst 632-645 ms), but some runs have ~2,700 messages up to ~10.7 s
-    # late just after a restart, cause not found yet. Until it is, the bound is reported, not
-    # asserted, so exactly-once and never-early (asserted above) gate CI.
-    if too_late:
-        warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}")
+    # The bound held in most runs but not all until the parking producer's batches were capped at
+    # half the syncer's receiver queue (pulsar-lite keeps a killed consumer's negative permits, so a
+    # bigger entry left the restarted syncer with nothing on a partition until the next restart:
+    # ~2,700 messages up to ~11 s late; docs/delay-levels.md, "Lateness after a crash").
+    assert not too_late, (f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
+                          f"e.g. {too_late[:5]}; logs in {tmp_path}")
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages

@@ -18,6 +18,7 @@ from pulsar_lifecycle.deletion.codec import decode
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.spark.orphans_audit import AuditConfig, run_audit
+from pulsar_lifecycle.spark.orphans_listing import list_bookies
 from pulsar_lifecycle.spark.orphans_model import ListingError
 from pulsar_lifecycle.spark.orphans_sources import AdminInUse, BookieListing, RateLimiter
 from pulsar_lifecycle.spark.orphans_state import ScanStateDir
@@ -179,3 +180,19 @@ def test_snapshot_store_against_its_manifest(spark, tmp_path):
     report = run_audit(spark, cfg, ScanStateDir(tmp_path / "state"))
     assert orphan_ids(report) == [ids[1]] and report.sample[0]["component"] == "bucket-snapshot"
     assert report.counts["IN_USE"] == 1 and report.counts["NEWER_THAN_METADATA"] == 1
+
+
+def test_bookie_pages_listed_by_the_executors_in_rounds(spark, bookie_server, tmp_path):  # noqa: F811
+    # 1,050 ledgers = 11 pages; 2 tasks x 2 pages per round: 3 rounds, the last ends on page 12.
+    for lid in range(1, 1051):
+        bookie_server.add_ledger(lid, pulsar_metadata("public/default/t"), old_ms())
+    df, n = list_bookies(spark, BookieListing([bookie_server.url]), tmp_path / "l", tasks=2, pages_per_task=2)
+    assert n == 1050 and sorted(r.ledger_id for r in df.select("ledger_id").collect()) == list(range(1, 1051))
+    # A page of the third round fails: the listing fails, as on the driver.
+    bookie_server.fail_list_pages.add(10)
+    with pytest.raises(ListingError, match="page 10"):
+        list_bookies(spark, BookieListing([bookie_server.url]), tmp_path / "m", tasks=2, pages_per_task=2)
+    # Bounded: a listing longer than max_pages is refused, never cut short.
+    bookie_server.fail_list_pages.clear()
+    with pytest.raises(ListingError, match="more than 6 pages"):
+        list_bookies(spark, BookieListing([bookie_server.url], max_pages=6), tmp_path / "n", tasks=2, pages_per_task=2)

@@ -176,7 +176,7 @@ def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> 
                                             schedulingTopic=sched, schedulingSubscription="dl-demo-writer",
                                             partitionBy="SECONDS", unitSeconds=unit_s,
                                             messageMaximumDelayTimeSeconds=max_s, lookaheadMillis=lookahead_ms,
-                                            tickTopic=sticks, tickTimeMillis=200))
+                                            tickTopic=sticks, tickTimeMillis=200, tickMode="runner"))
     client = quiet_client(broker.service_url)
     watch = client.subscribe(sched, "dl-demo-watch", consumer_type=pulsar.ConsumerType.Shared,
                              initial_position=pulsar.InitialPosition.Earliest)

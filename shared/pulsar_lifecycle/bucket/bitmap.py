@@ -153,4 +153,9 @@ class LedgerBitmaps:
 
     def size_in_bytes(self) -> int:
         """Serialized size (an estimate of the memory the bitmaps hold)."""
-        return sum(bm.get_serialized_size_in_bytes() for bm in self._maps.values())
+        total = 0
+        for bm in self._maps.values():  # pyroaring 1.x has no get_serialized_size_in_bytes
+            stats = bm.get_statistics()
+            total += (stats["n_bytes_array_containers"] + stats["n_bytes_run_containers"]
+                      + stats["n_bytes_bitset_containers"])
+        return total

@@ -74,6 +74,7 @@ from .records import (
     ReleaseKey,
 )
 from .sealing import pulsar_seal_due
+from .memory import release_free_memory
 from .segments import CutSegment, SegmentCutter, cut_segments, snapshot_metadata_bytes
 from .storage import BucketSnapshotStorage, StorageError
 
@@ -253,6 +254,7 @@ class BucketIndex:
         with self._write_lock:
             report = self._recover_locked()
             self._hand_off_obsolete()
+        release_free_memory()  # recovery's transient decoding would otherwise stay in the RSS
         logger.info(
             "recovered bucket index: %d buckets, %d pending, %d journal records, %d metadata + %d segment "
             "reads (%d bytes), committed seq %d, %.1f ms",
@@ -375,6 +377,8 @@ class BucketIndex:
         if w is not None:
             while i < n and bucket.seg_max[i] < w[0]:
                 i += 1
+        if i < n and (w is None or bucket.seg_min[i] > w[0]):
+            return self._recover_lazily(bucket, i, bitmaps, counts)
         while i < n:
             # A segment whose max timestamp equals the watermark's may end at or before it:
             # fetch the next one in the same call so recovery stays one read per bucket.
@@ -401,17 +405,36 @@ class BucketIndex:
         for ledger, entries in loaded.items():
             self._pending.add_many(ledger, entries)
         bucket.remaining = len(seg.indexes) - bucket.pos
+        self._pending_from_bitmaps(bucket, bucket.cur + 1, bitmaps, counts)
+        if bucket.cur == n - 1:
+            bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
+        heapq.heappush(self._heap, (*index_key(seg.indexes[bucket.pos]), bid))
+        return bucket
+
+    def _recover_lazily(self, bucket: _Bucket, first: int, bitmaps: List[Dict[int, BitMap]],
+                        counts: array) -> _Bucket:
+        """A bucket whose segments from `first` on all lie after the watermark: nothing of it
+        was released, so its pending items are exactly those segments' bitmaps, and its first
+        segment is read only when its placeholder reaches the top of the heap (_load_current),
+        as after a segment is drained. Recovery then reads no segment of such buckets: a writer
+        started on a seeded store of N buckets would otherwise hold N decoded segments before
+        its first release."""
+        bucket.cur = first
+        self._pending_from_bitmaps(bucket, first, bitmaps, counts)
+        heapq.heappush(self._heap, (bucket.seg_min[first], _PLACEHOLDER, _PLACEHOLDER, bucket.bucket_id))
+        return bucket
+
+    def _pending_from_bitmaps(self, bucket: _Bucket, first: int, bitmaps: List[Dict[int, BitMap]],
+                              counts: array) -> None:
+        """Segments `first`.. of `bucket` are unreleased: their index-id bitmaps join the pending
+        set and their counts the bucket's remaining items."""
         later: Dict[int, list] = {}
-        for k in range(bucket.cur + 1, n):
+        for k in range(first, bucket.nseg):
             for ledger, bm in bitmaps[k].items():
                 later.setdefault(ledger, []).append(bm)
             bucket.remaining += counts[k]
         for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
             self._pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
-        if bucket.cur == n - 1:
-            bucket.last_key = _key_of(seg.indexes[len(seg.indexes) - 1])
-        heapq.heappush(self._heap, (*index_key(seg.indexes[bucket.pos]), bid))
-        return bucket
 
     def _replay_journal(self, records: List[Tuple[int, bytes]], counters: Dict[str, int]) -> int:
         w = self._committed_key

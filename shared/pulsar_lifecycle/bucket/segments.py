@@ -10,8 +10,9 @@ containsMessage(ledgerId, entryId) looks up — plus our extension map of index 
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from pyroaring import BitMap
 
@@ -42,17 +43,16 @@ class CutSegment:
 
 
 class SegmentCutter:
-    """Streaming cutter: push items in strictly increasing key order, collect closed segments.
+    """Streaming cutter (the engine's merges): push items in strictly increasing key order,
+    collect closed segments.
 
     Checking the cut condition before appending the next item is the same rule as Pulsar's
-    check after appending with a look-ahead at the next one.
+    check after appending with a look-ahead at the next one, and as cut_bounds (batch form,
+    used by cut_segments and the Spark seeder; tests/test_bucket_units.py checks they agree).
     """
 
     def __init__(self, time_step_ms: int, max_indexes: int) -> None:
-        if time_step_ms <= 0:
-            raise ValueError(f"segment time step must be > 0 ms, got {time_step_ms}")
-        if max_indexes == 0 or max_indexes < -1:
-            raise ValueError(f"max indexes per segment must be > 0 or -1, got {max_indexes}")
+        check_cut_args(time_step_ms, max_indexes)
         self.time_step_ms = time_step_ms
         self.max_indexes = max_indexes
         self._frames: List[bytes] = []
@@ -92,36 +92,68 @@ class SegmentCutter:
         return self._close() if self._frames else None
 
     def _close(self) -> CutSegment:
-        meta = SnapshotSegmentMetadata(
-            max_schedule_timestamp=self._last[0], min_schedule_timestamp=self._first[0]
-        )
-        for ledger, ids in self._entries.items():
-            index_ids = BitMap(ids)
-            meta.delayed_index_bit_map[ledger] = serialize_bitmap(entry_bitmap(index_ids))
-            meta.index_id_bit_map[ledger] = serialize_bitmap(index_ids)
-        seg = CutSegment(
-            data=b"".join(self._frames),
-            metadata=meta,
-            count=len(self._frames),
-            first_key=self._first,
-            last_key=self._last,
-        )
+        seg = make_segment(b"".join(self._frames), len(self._frames), self._first, self._last,
+                           {ledger: BitMap(ids) for ledger, ids in self._entries.items()})
         self._frames = []
         self._entries = {}
         return seg
 
 
-def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> List[CutSegment]:
-    """All segments of `items` (already in increasing key order)."""
-    cutter = SegmentCutter(time_step_ms, max_indexes)
+def check_cut_args(time_step_ms: int, max_indexes: int) -> None:
+    """ValueError unless the segment time step and size limit are usable."""
+    if time_step_ms <= 0:
+        raise ValueError(f"segment time step must be > 0 ms, got {time_step_ms}")
+    if max_indexes == 0 or max_indexes < -1:
+        raise ValueError(f"max indexes per segment must be > 0 or -1, got {max_indexes}")
+
+
+def cut_bounds(ts: Sequence[int], time_step_ms: int, max_indexes: int) -> List[Tuple[int, int]]:
+    """Pulsar's cutting rule over the release-key timestamps of items in key order: the
+    [start, end) index ranges of the segments. A segment starting at `s` ends before the first
+    item with ts > ts[s] + time_step_ms - 1, or after `max_indexes` items (-1: no limit).
+    O(segments * log n): `ts` may be a list or a numpy array (the Spark seeder's columns)."""
+    check_cut_args(time_step_ms, max_indexes)
+    n = len(ts)
     out = []
-    for item in items:
-        seg = cutter.push(item)
-        if seg is not None:
-            out.append(seg)
-    last = cutter.finish()
-    if last is not None:
-        out.append(last)
+    start = 0
+    while start < n:
+        hi = n if max_indexes == -1 else min(n, start + max_indexes)
+        end = bisect_right(ts, ts[start] + time_step_ms - 1, start + 1, hi)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def make_segment(data: bytes, count: int, first_key: ReleaseKey, last_key: ReleaseKey,
+                 index_ids: Mapping[int, BitMap], entry_ids: Optional[Mapping[int, BitMap]] = None) -> CutSegment:
+    """A closed segment: its joined framed items and its metadata (min/max schedule timestamps,
+    per ledger the bitmap of real entry ids and our bitmap of index ids). `entry_ids` may be
+    given when the caller has them already (entry_bitmap of each index-id bitmap otherwise)."""
+    meta = SnapshotSegmentMetadata(max_schedule_timestamp=last_key[0], min_schedule_timestamp=first_key[0])
+    for ledger, ids in index_ids.items():
+        entries = entry_ids[ledger] if entry_ids is not None else entry_bitmap(ids)
+        meta.delayed_index_bit_map[ledger] = serialize_bitmap(entries)
+        meta.index_id_bit_map[ledger] = serialize_bitmap(ids)
+    return CutSegment(data=data, metadata=meta, count=count, first_key=first_key, last_key=last_key)
+
+
+def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> List[CutSegment]:
+    """All segments of `items` (in strictly increasing key order; ValueError otherwise)."""
+    items = list(items)
+    last: Optional[ReleaseKey] = None
+    for ts, ledger, entry, _ in items:
+        key = (ts, ledger, entry)
+        if last is not None and key <= last:
+            raise ValueError(f"items must arrive in increasing release-key order: {key} after {last}")
+        last = key
+    out = []
+    for start, end in cut_bounds([i[0] for i in items], time_step_ms, max_indexes):
+        entries: Dict[int, List[int]] = {}
+        for _, ledger, entry, _ in items[start:end]:
+            entries.setdefault(ledger, []).append(entry)
+        first, final = items[start], items[end - 1]
+        out.append(make_segment(b"".join(i[3] for i in items[start:end]), end - start, first[:3], final[:3],
+                                {ledger: BitMap(ids) for ledger, ids in entries.items()}))
     return out
 
 

@@ -89,7 +89,7 @@ class SyncerConfig:
         minimum=1)
     tick_topic: str = setting(
         'tickTopic', '',
-        "The function's input: a tick starts the syncer; it sends one wake tick per start and keeps one unacked, so a restart is woken by its redelivery (as the writer, scheduler/wake.py). A fresh deployment needs one first tick (the local runner's in `runner` mode, or one sent by the operator).")
+        "The function's input: a tick starts the syncer; it sends one wake tick per start and keeps one unacked, so a restart is woken by its redelivery (as the writer, scheduler/wake.py). Use `<delayLevelTopic>-TICK` (the shipped config): a DelayLevelProducer sends one tick there before its first parked message, so the first parked message starts a fresh deployment.")
     tick_mode: str = setting(
         'tickMode', 'hold',
         "`hold`: only the held wake tick; `runner`: also the local runner sends a tick every tickTimeMillis (extra ticks are acked); `chain`: the writer's retired name, same as `hold`.",

@@ -61,6 +61,7 @@ class ForwardPolicy:
     target_exists: Optional[Callable[[str], bool]]  # None = no check (no admin API / onMissingTarget=forward)
     wait_for_room: Callable[[threading.Event], None]  # back-pressure: returns when the writer can take more
     clock: Callable[[], int]
+    receiver_queue_size: int = 0  # the partition consumers' queue (0: unknown; only for the batch-size warning)
 
 
 @dataclass
@@ -111,6 +112,7 @@ class PartitionForwarder:
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
+        self._warned_batch = False
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -168,6 +170,14 @@ class PartitionForwarder:
     def _hold(self, msg: pulsar.Message) -> None:
         """Read a message's properties once and compute its forward time; a malformed parked
         message is due now (it is dead-lettered)."""
+        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * msg.message_id().batch_index():
+            # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
+            # queue can leave the next syncer with nothing on this partition (producer.py).
+            self._warned_batch = True
+            log.warning("event=delay_level_batch_exceeds_half_queue partition=%s batch_index=%d receiver_queue=%d "
+                        "hint='producers should batch at most receiverQueueSize/2 messages (pulsar-lite stalls "
+                        "a restarted consumer otherwise)'", self.topic, msg.message_id().batch_index(),
+                        self.policy.receiver_queue_size)
         props = msg.properties()
         try:
             p = parse_parked(props, self.k)

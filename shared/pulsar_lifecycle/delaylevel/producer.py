@@ -16,6 +16,7 @@ import pulsar
 
 from ..bucket_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP
 from ..scheduler.positions import format_message_ref
+from ..scheduler.wake import TICK_PROP
 from ..timing.delayed_producer import DelayedProducer, now_ms
 from .rule import (
     BASE_PROP,
@@ -24,12 +25,19 @@ from .rule import (
     cancel_topic,
     default_delay_level_topic,
     partition_topic,
+    tick_topic,
 )
 from .strategy import DelayLevelTopicPartitionStrategy
 
 __all__ = ["DelayLevelMessageId", "DelayLevelProducer", "SendCallback"]
 
 _RESERVED = (DELIVER_AT_PROP, TARGET_PROP, BASE_PROP, LEVEL_PROP)
+# Messages per batch (one broker entry). Keep it at most half the syncer's receiverQueueSize (200):
+# pulsar-lite dispatches whole entries against a consumer's permits and keeps a killed consumer's
+# negative permit balance in the subscription's total, so an entry larger than that lets a crashed
+# syncer's successor receive nothing on the partition (docs/delay-levels.md, "Lateness after a
+# crash"). Real Pulsar has no such limit; 100 still batches well.
+DEFAULT_BATCH_MAX_MESSAGES = 100
 
 
 @dataclass(frozen=True)
@@ -60,13 +68,18 @@ class DelayLevelProducer:
         delay_level_topic: its name; default `<topic>-delay-level` (rule.default_delay_level_topic).
         enabled: the seed's enableDelayLevelTopic; False sends every message on the near-term path.
         clock: ms since the epoch (the producer's clock; recorded on each parked message).
+        batching_max_messages: messages per batch, at most half the syncer's receiverQueueSize
+            (DEFAULT_BATCH_MAX_MESSAGES says why).
+        wake_syncer: send one tick to `<delay-level topic>-TICK` before the first parked message,
+            which starts a syncer in `hold` mode whose input is that topic (the shipped config).
     """
 
     def __init__(self, client: pulsar.Client, topic: str, near_term: DelayedProducer, *,
                  strategy: Optional[DelayLevelTopicPartitionStrategy] = None,
                  delay_level_topic: Optional[str] = None, enabled: bool = True,
                  clock: Callable[[], int] = now_ms, batching_max_publish_delay_ms: int = 5,
-                 max_pending_messages: int = 1000) -> None:
+                 max_pending_messages: int = 1000, batching_max_messages: int = DEFAULT_BATCH_MAX_MESSAGES,
+                 wake_syncer: bool = True) -> None:
         if not topic:
             raise ValueError("DelayLevelProducer needs the business topic")
         self.client = client
@@ -78,17 +91,32 @@ class DelayLevelProducer:
         self.clock = clock
         self._batch_delay_ms = batching_max_publish_delay_ms
         self._max_pending = max_pending_messages
+        if batching_max_messages < 2:
+            raise ValueError(f"batching_max_messages must be >= 2 (pulsar-client's minimum), got {batching_max_messages}")
+        self._batch_max = batching_max_messages
+        self._wake = wake_syncer  # one tick to tick_topic() before the first parked message or cancel
         self._producers: Dict[str, pulsar.Producer] = {}
         self._lock = threading.Lock()
 
     def _producer(self, topic: str) -> pulsar.Producer:
         with self._lock:
             prod = self._producers.get(topic)
+            if prod is None and self._wake:
+                # The syncer's input in `hold` mode: this tick starts a fresh deployment (extra
+                # ticks are acked by the syncer). Sent once per producer object, before the
+                # first parked message, without waiting for it.
+                self._wake = False
+                ticks = self.client.create_producer(tick_topic(self.delay_level_topic), batching_enabled=False)
+                ticks.send_async(b"tick", None, properties={TICK_PROP: str(self.clock())})
+                self._producers[tick_topic(self.delay_level_topic)] = ticks
             if prod is None:
                 # Batched like the writer's producers: pulsar-lite dispatches unbatched messages
                 # about 100x more slowly, and the syncer's sequence ids include the batch index.
+                # At most DEFAULT_BATCH_MAX_MESSAGES per batch (see there): a bigger entry can stall
+                # a restarted syncer's partition on pulsar-lite.
                 prod = self.client.create_producer(topic, batching_enabled=True, block_if_queue_full=True,
                                                    batching_max_publish_delay_ms=self._batch_delay_ms,
+                                                   batching_max_messages=self._batch_max,
                                                    max_pending_messages=self._max_pending)
                 self._producers[topic] = prod
             return prod

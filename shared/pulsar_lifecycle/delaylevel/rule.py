@@ -36,6 +36,7 @@ __all__ = [
     "parse_parked",
     "partition_topic",
     "sequence_id",
+    "tick_topic",
 ]
 
 BASE_PROP = "__pl_dl_base__"  # producer's clock (ms) when it chose the partition
@@ -66,6 +67,13 @@ def dead_letter_topic(delay_level_topic: str) -> str:
 def cancel_topic(delay_level_topic: str) -> str:
     """Where cancel requests for parked messages go: `<delay-level topic>-CANCEL`."""
     return f"{delay_level_topic}-CANCEL"
+
+
+def tick_topic(delay_level_topic: str) -> str:
+    """The syncer's wake topic by default: `<delay-level topic>-TICK`. A DelayLevelProducer sends
+    one tick there when it first writes to the delay-level topic, so a syncer in `hold` mode (its
+    only input is this topic) starts by itself on the first parked message."""
+    return f"{delay_level_topic}-TICK"
 
 
 def sequence_id(ledger_id: int, entry_id: int, batch_index: int) -> int:

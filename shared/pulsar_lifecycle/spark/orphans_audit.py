@@ -11,6 +11,7 @@ Order (BookKeeper's garbage collector and Iceberg's orphan-file action):
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
@@ -35,6 +36,8 @@ from .orphans_job import (
     write_candidates,
 )
 from .orphans_model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
+from .orphans_listing import list_bookies
+from .orphans_sources import BookieListing
 from .orphans_state import ScanRecord, ScanStateDir, new_scan_id, record_dict
 
 log = logging.getLogger(__name__)
@@ -138,18 +141,34 @@ def run_audit(spark: SparkSession, config: AuditConfig, state: ScanStateDir,
     #    read afterwards knows every listed ledger that was in use when it was listed.
     prog.phase("list storage")
     listed: List[tuple] = []
-    for src in config.listings:
-        for item in src.list():
-            assert isinstance(item, ListedLedger)
-            listed.append(item.row())
-    n_listed = len(listed)
-    listing = rows_to_listing(spark, listed)
-    frames = [read_listing_file(spark, p) for p in config.listing_files]
-    for p, df in zip(config.listing_files, frames):
-        n_listed += check_ids(df, f"listing {p}")
-    prog.rows(n_listed)
-    listing = union_all(frames, listing)
+    listed_frames: List[Any] = []
+    n_listed = 0
+    work_dir = state.scans / f".{scan_id}.listings.tmp"  # where the executors write the bookie listings
+    try:
+        for i, src in enumerate(config.listings):
+            if isinstance(src, BookieListing):  # pages fetched by the executors (orphans_listing.py)
+                df, n = list_bookies(spark, src, work_dir / str(i))
+                listed_frames.append(df)
+                n_listed += n
+                continue
+            for item in src.list():
+                assert isinstance(item, ListedLedger)
+                listed.append(item.row())
+        n_listed += len(listed)
+        listing = rows_to_listing(spark, listed)
+        frames = [read_listing_file(spark, p) for p in config.listing_files]
+        for p, df in zip(config.listing_files, frames):
+            n_listed += check_ids(df, f"listing {p}")
+        prog.rows(n_listed)
+        listing = union_all(frames + listed_frames, listing)
+        return _scan(spark, config, state, scan_id, started, listing, n_listed, append, prog)
+    finally:
+        shutil.rmtree(work_dir, ignore_errors=True)
 
+
+def _scan(spark: SparkSession, config: AuditConfig, state: ScanStateDir, scan_id: str, started: int, listing: Any,
+          n_listed: int, append: Optional[Callable[[Any], Any]], prog: Progress) -> AuditReport:
+    """run_audit after the storage listings: metadata, classification, state, enqueue."""
     # 2. then the metadata.
     prog.phase("read metadata")
     sets = [src.collect() for src in config.in_use]

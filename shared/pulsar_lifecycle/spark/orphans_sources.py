@@ -19,7 +19,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 from ..bucket.codec import Manifest
@@ -93,22 +93,30 @@ class BookieListing:
 
     def list(self) -> Iterator[ListedLedger]:
         """Yield every ledger; ListingError on any failure."""
-        endpoints = HttpEndpoints(list(self.base_urls), timeout=self.timeout)
         seen: set = set()
+        first = 1
+        while first <= self.max_pages:
+            ledgers, ended = self.pages(first, min(first + 99, self.max_pages))
+            for ledger in ledgers:
+                if ledger.ledger_id not in seen:
+                    seen.add(ledger.ledger_id)
+                    yield ledger
+            if ended:
+                return
+            first += 100
+        raise ListingError(f"bookie ledger list: more than {self.max_pages} pages")
+
+    def pages(self, first: int, last: int) -> Tuple[List[ListedLedger], bool]:
+        """The ledgers of pages first..last and whether an empty page ended the listing there
+        (pages after it are not fetched). A block of pages is what one Spark task lists
+        (orphans_listing.py); ListingError on any failure."""
+        endpoints = HttpEndpoints(list(self.base_urls), timeout=self.timeout)
+        out: List[ListedLedger] = []
         try:
-            for page in range(1, self.max_pages + 1):
-                params = {"print_metadata": "true", "decode_meta": "true", "page": page}
-                try:
-                    res = endpoints.request("GET", "/api/v1/ledger/list", params=params)
-                    body = res.json() if res.status == 200 else None
-                except StorageError as exc:
-                    raise ListingError(f"bookie ledger list page {page}: {exc}") from exc
-                if res.status != 200:
-                    raise ListingError(f"bookie ledger list page {page} answered {res.status}: {res.text[:200]!r}")
-                if not isinstance(body, dict):
-                    raise ListingError(f"bookie ledger list page {page} is not a JSON object: {res.text[:200]!r}")
+            for page in range(first, last + 1):
+                body = self._page(endpoints, page)
                 if not body:
-                    return
+                    return out, True
                 for key, md in body.items():
                     try:
                         lid = int(key)
@@ -118,12 +126,24 @@ class BookieListing:
                         raise ListingError(
                             f"bookie ledger list page {page}: ledger {lid} has no decoded metadata "
                             "(the bookie must support decode_meta=true)")
-                    if lid not in seen:
-                        seen.add(lid)
-                        yield bookkeeper_ledger(self.store, lid, md)
-            raise ListingError(f"bookie ledger list: more than {self.max_pages} pages")
+                    out.append(bookkeeper_ledger(self.store, lid, md))
+            return out, False
         finally:
             endpoints.close()
+
+    @staticmethod
+    def _page(endpoints: HttpEndpoints, page: int) -> Dict[str, Any]:
+        params = {"print_metadata": "true", "decode_meta": "true", "page": page}
+        try:
+            res = endpoints.request("GET", "/api/v1/ledger/list", params=params)
+            body = res.json() if res.status == 200 else None
+        except StorageError as exc:
+            raise ListingError(f"bookie ledger list page {page}: {exc}") from exc
+        if res.status != 200:
+            raise ListingError(f"bookie ledger list page {page} answered {res.status}: {res.text[:200]!r}")
+        if not isinstance(body, dict):
+            raise ListingError(f"bookie ledger list page {page} is not a JSON object: {res.text[:200]!r}")
+        return body
 
 
 @dataclass

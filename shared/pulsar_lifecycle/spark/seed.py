@@ -4,7 +4,7 @@ Driver: check the store is empty (no manifest, cursor or journal; a crashed seed
 snapshots are removed, as the writer's recovery would), count rows per ledger, plan buckets over
 whole-ledger ranges with the engine's seal rule and the bucket-count limit (bucket/sealing.py),
 collect the cancel requests (few) into tombstones, reserve one bucket id per planned bucket.
-Executors (groupBy(bucket).applyInPandas, the fastest path measured here): classify, order, cut
+Executors (groupBy(bucket).applyInArrow: the rows reach Python as Arrow columns): classify, order, cut
 and write one bucket each through the storage interface (seeding.py). Driver again: the
 manifest from the executors' small per-bucket results, written last and atomically: until then
 a writer would see an empty store and delete the new snapshots as orphans.
@@ -100,25 +100,33 @@ def check_empty(storage: BucketSnapshotStorage, url: str) -> None:
 
 
 def bind_group(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
-    """`fn` with its leading arguments bound, as a plain function for applyInPandas (which wants
+    """`fn` with its leading arguments bound, as a plain function for applyInArrow (which wants
     a function, not a partial); Spark pickles `fn` by reference, `args` by value."""
 
-    def run(pdf: Any) -> Any:
-        return fn(*args, pdf)
+    def run(table: Any) -> Any:
+        return fn(*args, table)
 
     return run
 
 
-def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tombstones: Dict[int, bytes],
-               pdf: Any) -> Any:
-    """The applyInPandas function (see bind_group): one group = one planned bucket, built and
-    written here."""
-    import pandas as pd  # executor side; pandas comes with the spark extra
+def result_schema() -> Any:
+    """The Arrow schema of seed_group's one-row result (RESULT_DDL)."""
+    import pyarrow as pa  # executor side; pyarrow comes with the spark extra
 
-    bucket_no = int(pdf["bucket_no"].iloc[0])
+    types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "binary": pa.binary()}
+    return pa.schema([pa.field(name, types[kind]) for name, kind in
+                      (col.strip().split() for col in RESULT_DDL.split(","))])
+
+
+def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tombstones: Dict[int, bytes],
+               table: Any) -> Any:
+    """The applyInArrow function (see bind_group): one group (a pyarrow Table) = one planned
+    bucket, built and written here."""
+    import pyarrow as pa  # executor side; pyarrow comes with the spark extra
+
+    bucket_no = table.column("bucket_no")[0].as_py()
     tomb = LedgerBitmaps.from_proto_map(tombstones, "tombstones")
-    cols = [pdf[c].tolist() for c in ROW_COLUMNS]
-    build = build_bucket(zip(*cols), config, opts, tomb)
+    build = build_bucket(table, config, opts, tomb)
     bucket_id = first_id + bucket_no
     length = 0
     if build.items:
@@ -130,7 +138,7 @@ def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOpti
     seen = Manifest()
     for ledger, data in build.seen.to_proto_map().items():
         seen.seen[ledger] = data
-    return pd.DataFrame([{
+    return pa.Table.from_pylist([{
         "bucket_no": bucket_no, "bucket_id": bucket_id if build.items else 0,
         "bucket_key": build.key if build.items else "",
         "start_ledger": build.start_ledger, "end_ledger": build.end_ledger, "snapshot_length": length,
@@ -140,7 +148,7 @@ def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOpti
         "seen": seen.SerializeToString(), "rows": build.rows, "duplicates": build.duplicates,
         "cancelled": build.cancelled, "cancels": build.cancels, "invalid": build.invalid,
         "invalid_examples": json.dumps(build.invalid_examples),
-    }])
+    }], schema=result_schema())
 
 
 def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, opts: ClassifyOptions, *,
@@ -187,7 +195,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             progress.expect_rows(sum(c for _, c in counts))
             spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
             out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
-                   .groupBy("bucket_no").applyInPandas(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
+                   .groupBy("bucket_no").applyInArrow(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
                                                        RESULT_DDL))
             results = sorted(out.collect(), key=lambda r: r["bucket_no"])
             progress.phase("manifest")
