@@ -6,13 +6,18 @@ The two benchmarks run everything against one embedded pulsar-lite broker starte
 - the baseline pipe: this file run as `pipe`, also in its own process: the runtime's client
   settings (make_client), a Shared consumer with a message listener and a batching producer with
   the runtime's output settings; each message is acked once its publish is confirmed.
-A second reference is an identity function (`Identity` below) run through the same localrun
+The batched pipe (this file run as `batched-pipe`) is the same pipe written the writer's way:
+`batch_receive` (up to 500 messages, 5 ms to fill, the writer's ingest defaults), sends without
+per-message callbacks, one completion callback per batch (on its last send: a producer completes
+its sends in order) and the batch's acks after it.
+A further reference is an identity function (`Identity` below) run through the same localrun
 runtime: it shows what the runtime's one-message-at-a-time model costs before the writer does
 any work of its own.
 The paced producer of the lateness benchmark is this file run as `paced` (its own process, so its
 Python work does not share a GIL with the consumer that timestamps arrivals).
 
     python bench/_writer_common.py pipe --service-url URL --input T --output T --subscription S
+    python bench/_writer_common.py batched-pipe --service-url URL --input T --output T --subscription S
     python bench/_writer_common.py paced --service-url URL --topic T --rate R --seconds S --start-ms T0 --lead-ms L
 """
 from __future__ import annotations
@@ -27,7 +32,7 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 import yaml
@@ -78,12 +83,14 @@ def topics_for(tag: str) -> Topics:
 def write_writer_config(workdir: Path, topics: Topics, intake: str = "direct", **user: object) -> Path:
     """The shipped writer config with this run's topics, name and snapshot dir.
 
-    intake "direct" is the shipped config (schedulingTopic; the tick topic the only input);
-    "runtime" makes the scheduling topic a function input instead.
+    intake "direct" is the shipped config (schedulingTopic, consumed in batches by the writer; the
+    scheduling topic is also an input with a receiver queue of 1, which starts the writer on its first
+    message); "runtime" makes the scheduling topic an ordinary function input instead.
     """
     cfg = yaml.safe_load(WRITER_CONFIG.read_text())
     name = "bench-writer-" + topics.out.rsplit("-", 2)[-2] + "-" + topics.out.rsplit("-", 1)[-1]
-    cfg["inputSpecs"] = {topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    cfg["inputSpecs"] = {topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
+                         topics.sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1}}
     cfg.update(output=topics.out, name=name, subName=name)
     cfg["userConfig"].update(tickTopic=topics.ticks, snapshotDir=str(workdir / "snapshots"),
                              schedulingTopic=topics.sched, **user)
@@ -137,12 +144,12 @@ def start_localrun(config: Path, service_url: str, workdir: Path, metrics_port: 
         )
 
 
-def start_pipe(service_url: str, topics: Topics, workdir: Path) -> subprocess.Popen:
-    """The baseline pipe (this file's `pipe` command) in its own process."""
+def start_pipe(service_url: str, topics: Topics, workdir: Path, kind: str = "pipe") -> subprocess.Popen:
+    """A baseline pipe (this file's `pipe` or `batched-pipe` command) in its own process (log: <kind>.log)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    with open(workdir / "pipe.log", "ab") as err:
+    with open(workdir / f"{kind}.log", "ab") as err:
         return subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "pipe", "--service-url", service_url,
+            [sys.executable, str(Path(__file__).resolve()), kind, "--service-url", service_url,
              "--input", topics.sched, "--output", topics.out, "--subscription", "bench-pipe"],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=workdir,
         )
@@ -298,16 +305,23 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 # -- the helper processes ----------------------------------------------------------------------------
-def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str, max_seconds: float) -> None:
-    """Consume -> produce, acking after the publish is confirmed; until SIGINT/SIGTERM or max_seconds."""
+def _pipe_start(service_url: str, output_topic: str) -> Tuple[threading.Event, pulsar.Client, pulsar.Producer]:
+    """What both pipes start with: a stop event set by SIGINT/SIGTERM, a client with the runtime's
+    settings and a producer with the runtime's output producer settings (runtime/instance.py,
+    dedup/publisher.py)."""
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     client = make_client(ClientSettings(service_url))
-    # The runtime's output producer settings (runtime/instance.py, dedup/publisher.py).
     producer = client.create_producer(output_topic, block_if_queue_full=True, batching_enabled=True,
                                       batching_max_publish_delay_ms=10, send_timeout_millis=0,
                                       compression_type=pulsar.CompressionType.LZ4)
+    return stop, client, producer
+
+
+def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str, max_seconds: float) -> None:
+    """Consume -> produce, acking after the publish is confirmed; until SIGINT/SIGTERM or max_seconds."""
+    stop, client, producer = _pipe_start(service_url, output_topic)
 
     def listener(consumer: pulsar.Consumer, msg: pulsar.Message) -> None:
         props = dict(msg.properties())
@@ -326,6 +340,47 @@ def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription
                                 receiver_queue_size=1000)
     stop.wait(max_seconds)
     consumer.pause_message_listener()
+    producer.flush()
+    consumer.close()
+    producer.close()
+    client.close()
+
+
+# The writer's ingest defaults (scheduler/config.py ingestBatchSize, ingestBatchDelayMillis).
+BATCH_PIPE_MESSAGES = 500
+BATCH_PIPE_DELAY_MS = 5
+
+
+def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str,
+                     max_seconds: float) -> None:
+    """Consume -> produce in batches: batch_receive, sends without per-message callbacks, one callback
+    per batch on its last send (a producer completes its sends in order, so its success completes the
+    batch), the batch's acks after it. Until SIGINT/SIGTERM or max_seconds."""
+    stop, client, producer = _pipe_start(service_url, output_topic)
+    consumer = client.subscribe(input_topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest,
+                                receiver_queue_size=2 * BATCH_PIPE_MESSAGES,
+                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(
+                                    BATCH_PIPE_MESSAGES, 16 * 1024 * 1024, BATCH_PIPE_DELAY_MS))
+
+    def completion(msgs: List[pulsar.Message]) -> Callable[[pulsar.Result, object], None]:
+        def done(res: pulsar.Result, _mid: object) -> None:
+            settle = consumer.acknowledge if res == pulsar.Result.Ok else consumer.negative_acknowledge
+            for m in msgs:
+                settle(m)
+        return done
+
+    deadline = time.monotonic() + max_seconds
+    while not stop.is_set() and time.monotonic() < deadline:
+        msgs = consumer.batch_receive()
+        if not msgs:
+            continue
+        released_at = str(now_ms())
+        last = len(msgs) - 1
+        for i, msg in enumerate(msgs):
+            props = dict(msg.properties())
+            props[RELEASED_AT_PROP] = released_at
+            producer.send_async(msg.data(), completion(msgs) if i == last else None, properties=props)
     producer.flush()
     consumer.close()
     producer.close()
@@ -363,12 +418,13 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("pipe")
-    p.add_argument("--service-url", required=True)
-    p.add_argument("--input", required=True)
-    p.add_argument("--output", required=True)
-    p.add_argument("--subscription", required=True)
-    p.add_argument("--max-seconds", type=float, default=900.0)
+    for kind in ("pipe", "batched-pipe"):
+        p = sub.add_parser(kind)
+        p.add_argument("--service-url", required=True)
+        p.add_argument("--input", required=True)
+        p.add_argument("--output", required=True)
+        p.add_argument("--subscription", required=True)
+        p.add_argument("--max-seconds", type=float, default=900.0)
     q = sub.add_parser("paced")
     q.add_argument("--service-url", required=True)
     q.add_argument("--topic", required=True)
@@ -380,13 +436,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "pipe":
         run_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
+    elif args.cmd == "batched-pipe":
+        run_batched_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
     else:
         run_paced(args.service_url, args.topic, args.rate, args.seconds, args.start_ms, args.lead_ms,
                   args.payload_bytes)
-    # Everything is flushed and closed; skip interpreter teardown, where pulsar-client 3.x
-    # sometimes aborts ("terminate called without an active exception").
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,10 @@
 
 One embedded pulsar-lite broker. Per run and per process under test, each in its own process:
 - pipe: the baseline, a plain consume->produce pipe with the runtime's client settings
-  (bench/_writer_common.py `pipe`);
+  (bench/_writer_common.py `pipe`): a message listener, a callback per send, ack in the callback;
+- batched-pipe: the second baseline, the same pipe written the writer's way
+  (bench/_writer_common.py `batched-pipe`): batch_receive, sends without per-message callbacks, one
+  callback per batch, the batch's acks after it;
 - identity: a function returning its input, through `pulsar_lifecycle.cli localrun` (ATLEAST_ONCE):
   what the runtime's one-message-at-a-time model costs before the writer does any work;
 - writer: BucketSnapshotWriter through `pulsar_lifecycle.cli localrun`, shipped config with this
@@ -16,7 +19,8 @@ Steps:
 3. rate = (N - 1) / (last arrival - first arrival): the sustained rate, without process start-up
    (imports, subscribe, the writer's recovery on its first message), which is also printed.
 
-The ratio line is writer/pipe (the target: >= 0.70); writer/identity is printed too.
+The ratio line is writer/pipe (the target: >= 0.70); writer/batched-pipe and writer/identity are
+printed too. Each process's exit code is printed (0: it stopped cleanly on SIGINT).
 
     python bench/bench_writer_throughput.py [--messages 100000] [--payload-bytes 100] [--runs 2]
 """
@@ -77,9 +81,9 @@ def one(label: str, client: pulsar.Client, workdir: Path, n: int, payload_bytes:
     first, last = min(got.arrival_ms), max(got.arrival_ms)
     rate = (n - 1) / ((last - first) / 1000.0)
     early = sum(1 for a, d in zip(got.arrival_ms, got.deliver_at) if a < d)
-    print(f"  {label:8s}: {rate:8,.0f} msg/s sustained ({(last - first) / 1000:5.1f} s first->last; first output "
+    print(f"  {label:12s}: {rate:8,.0f} msg/s sustained ({(last - first) / 1000:5.1f} s first->last; first output "
           f"{(first - t_launch) / 1000:.1f} s after launch; process CPU {cpu * 1e6 / n:3.0f} us/msg incl. start-up; "
-          f"pre-load {produce_rate:,.0f} msg/s; duplicates {got.duplicates}; early {early})", flush=True)
+          f"pre-load {produce_rate:,.0f} msg/s; duplicates {got.duplicates}; early {early}; exit code {rc})", flush=True)
     return rate
 
 
@@ -92,12 +96,13 @@ def main() -> None:
     args = ap.parse_args()
     if args.messages < 2 or args.runs < 1 or args.payload_bytes < 10:
         ap.error("--messages >= 2, --runs >= 1 and --payload-bytes >= 10 are required")
-    rates: Dict[str, List[float]] = {"pipe": [], "identity": [], "writer": []}
+    rates: Dict[str, List[float]] = {"pipe": [], "batched-pipe": [], "identity": [], "writer": []}
     with tempfile.TemporaryDirectory(prefix="bench-writer-tp-") as tmp, \
             EmbeddedBroker(data_dir=Path(tmp) / "broker") as broker:
         url = broker.service_url
         launchers: Dict[str, Callable[[wc.Topics, Path], Tuple[subprocess.Popen, Path]]] = {
             "pipe": lambda t, wd: (wc.start_pipe(url, t, wd), wd / "pipe.log"),
+            "batched-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "batched-pipe"), wd / "batched-pipe.log"),
             "identity": lambda t, wd: (wc.start_localrun(wc.write_identity_config(wd, t), url, wd), wd / "localrun.log"),
             "writer": lambda t, wd: (wc.start_localrun(wc.write_writer_config(wd, t), url, wd), wd / "localrun.log"),
         }
@@ -109,15 +114,19 @@ def main() -> None:
                     rates[label].append(one(label, client, Path(tmp) / f"run{run}" / label, args.messages,
                                             args.payload_bytes, args.timeout, launch))
                 print(f"  writer/pipe {rates['writer'][-1] / rates['pipe'][-1]:.2f}  "
+                      f"writer/batched-pipe {rates['writer'][-1] / rates['batched-pipe'][-1]:.2f}  "
+                      f"batched-pipe/pipe {rates['batched-pipe'][-1] / rates['pipe'][-1]:.2f}  "
                       f"identity/pipe {rates['identity'][-1] / rates['pipe'][-1]:.2f}  "
                       f"writer/identity {rates['writer'][-1] / rates['identity'][-1]:.2f}", flush=True)
         finally:
             client.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
-    print(f"median over {args.runs} run(s): pipe {med['pipe']:,.0f} msg/s, identity function "
+    print(f"median over {args.runs} run(s): pipe {med['pipe']:,.0f} msg/s, batched pipe "
+          f"{med['batched-pipe']:,.0f} msg/s, identity function "
           f"{med['identity']:,.0f} msg/s, writer {med['writer']:,.0f} msg/s")
     print(f"writer/identity (runtime's own cost removed): {med['writer'] / med['identity']:.2f}")
     print(f"ratio writer/pipe: {med['writer'] / med['pipe']:.2f} (target >= 0.70)")
+    print(f"ratio writer/batched-pipe: {med['writer'] / med['batched-pipe']:.2f}")
 
 
 if __name__ == "__main__":

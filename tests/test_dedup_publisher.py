@@ -225,7 +225,7 @@ def test_broker_duplicate_receipt_counts_as_success(broker, unique, tmp_path):
     pulsar-lite never does, so the receipt is fed to the completion path directly, with a real
     pulsar-client MessageId, to check it is treated as success and keeps the snapshot position.
     """
-    from pulsar_lifecycle.dedup.publisher import _Pending
+    from pulsar_lifecycle.dedup.channel import PendingSend
 
     topic = f"persistent://public/default/dd-{unique}"
     client = make_client(broker.service_url)
@@ -235,12 +235,12 @@ def test_broker_duplicate_receipt_counts_as_success(broker, unique, tmp_path):
         pub.publish(topic, b"x", 1)
         pub.flush(10)
         ch = pub._channels[topic]
-        pending = _Pending(2, results.append)
+        pending = PendingSend(2, results.append)
         with ch.cond:
             ch.seqmap.mark_pushed(NAME, 2)
             ch.pending.append(pending)
             ch.outstanding += 1
-        pub._on_send_complete(ch, pending, pulsar.Result.Ok, pulsar.MessageId(-1, -1, -1, -1)._msg_id)
+        ch.on_send_complete(pending, pulsar.Result.Ok, pulsar.MessageId(-1, -1, -1, -1)._msg_id)
         assert results == [PublishResult(topic, 2, Outcome.DUPLICATE, None)]
         assert pub.persisted_seq(topic) == 2
         snap = pub.snapshot(topic)

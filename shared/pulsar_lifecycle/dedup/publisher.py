@@ -13,6 +13,10 @@ broker outage and leave holes; blocking instead of failing on a full queue does 
 batching is safe because only ids above the highest pushed are ever sent, so a batch never
 straddles ids the broker has already stored (the client re-sends whole batches unchanged).
 
+Each output topic is a `TopicChannel` (channel.py): its producer, sequence map, sends in flight and
+their completion, and its snapshot. The publisher opens channels (recovering each topic's map),
+checks messages, and flushes and closes them all.
+
 Threads: `publish` may be called from several threads, but ids must be monotonic per topic, so
 callers normally publish from one. pulsar-client runs send callbacks on its I/O thread; the
 callbacks only update memory and call the caller's callback (keep that short). Snapshots are
@@ -21,27 +25,30 @@ on the client's I/O thread.
 """
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, field
-from enum import Enum
-from typing import Callable, Deque, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import pulsar
 
 from ..state.base import StateStore
+from .channel import (
+    SNAPSHOT_KEY_PREFIX,
+    Outcome,
+    OutMessage,
+    PublishCallback,
+    PublishError,
+    PublishResult,
+    TopicChannel,
+    snapshot_key,
+)
 from .recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, RecoveryError, TailStats, position_of, read_tail
 from .sequence_map import (
     DEFAULT_MAX_PRODUCERS,
     DEFAULT_SNAPSHOT_INTERVAL,
     NO_SEQUENCE,
-    DedupError,
     DedupSnapshot,
-    Position,
     SequenceMap,
     SnapshotFormatError,
     check_sequence_id,
@@ -49,45 +56,7 @@ from .sequence_map import (
 
 log = logging.getLogger(__name__)
 
-SNAPSHOT_KEY_PREFIX = "pulsar-lifecycle/dedup"
 RESERVED_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
-
-
-class Outcome(str, Enum):
-    """What happened to a publish. `publish` returns SENT or DUPLICATE; callbacks get the rest."""
-
-    SENT = "sent"  # handed to the producer; the callback follows
-    DUPLICATE = "duplicate"  # already on the topic (dropped here, or -1:-1 from broker de-dup)
-    PERSISTED = "persisted"  # the broker stored it
-    FAILED = "failed"  # the send failed; the topic's channel refuses further publishes
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    """Passed to a publish callback once the message's fate is known."""
-
-    topic: str
-    sequence_id: int
-    outcome: Outcome
-    position: Optional[Position] = None
-    error: Optional[str] = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the message is on the topic (persisted now or earlier)."""
-        return self.outcome in (Outcome.PERSISTED, Outcome.DUPLICATE)
-
-
-PublishCallback = Callable[[PublishResult], None]
-
-
-class PublishError(DedupError):
-    """A send failed or the topic's channel is unusable after an earlier failure."""
-
-
-def snapshot_key(producer_name: str, topic: str) -> str:
-    """The state-store key of one (producer, topic) snapshot."""
-    return f"{SNAPSHOT_KEY_PREFIX}/{producer_name}@{topic}"
 
 
 def normalize_topic(topic: str) -> str:
@@ -103,57 +72,6 @@ def normalize_topic(topic: str) -> str:
     if len(parts) == 3:
         return f"persistent://{topic}"
     raise ValueError(f"invalid topic name {topic!r}: expected 'name', 'tenant/ns/name' or 'persistent://...'")
-
-
-@dataclass(frozen=True)
-class OutMessage:
-    """One message of `publish_many`."""
-
-    payload: bytes
-    sequence_id: int
-    properties: Optional[Mapping[str, str]] = None
-    partition_key: Optional[str] = None
-    event_timestamp: Optional[int] = None
-    deliver_at: Optional[int] = None  # broker delayed delivery (ms since epoch); None = now
-
-
-# publish_many gives a message its own completion callback above this size: pulsar-client fails
-# an oversized message on its own (MessageTooBig) while later ones succeed.
-TRACK_EACH_ABOVE_BYTES = 1 << 20
-
-
-@dataclass
-class _Pending:
-    seq: int
-    callback: Optional[PublishCallback]
-    done: bool = False
-    position: Optional[Position] = None
-    tracked: bool = True  # False: completed by the next tracked send of the channel (publish_many)
-    stranded: bool = False  # untracked, and nothing will ever complete it (its channel failed)
-
-
-@dataclass
-class _Channel:
-    """One output topic: its producer, its sequence map and the sends in flight."""
-
-    topic: str
-    seqmap: SequenceMap
-    producer: Optional[pulsar.Producer] = None
-    recovery: Optional[TailStats] = None
-    pending: Deque[_Pending] = field(default_factory=deque)
-    outstanding: int = 0  # sends whose callback has not run yet
-    untracked: int = 0  # untracked sends not yet completed by a tracked one
-    # Duplicates of ids still in flight: (seq, tiebreak, callback), fired when persisted reaches seq.
-    waiters: List[Tuple[int, int, PublishCallback]] = field(default_factory=list)
-    failed: Optional[str] = None
-    failed_seq: Optional[int] = None
-    due_snapshot: Optional[DedupSnapshot] = None
-    written_entries: int = -1  # `entries` of the last snapshot written, to never write an older one
-    sent: int = 0
-    duplicates: int = 0
-    cond: threading.Condition = field(default_factory=threading.Condition)
-    publish_lock: threading.Lock = field(default_factory=threading.Lock)
-    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class DedupPublisher:
@@ -202,11 +120,10 @@ class DedupPublisher:
         self.recovery_max_messages = recovery_max_messages
         # Validates the map settings now rather than at the first publish.
         SequenceMap("validation", snapshot_interval=snapshot_interval, max_producers=max_producers)
-        self._channels: Dict[str, _Channel] = {}
+        self._channels: Dict[str, TopicChannel] = {}
         self._names: Dict[str, str] = {}  # topic as given -> normalized name
         self._lock = threading.Lock()
         self._open_locks: Dict[str, threading.Lock] = {}
-        self._tiebreak = itertools.count()
         self._closed = False
 
     # -- opening and recovery --------------------------------------------------------------
@@ -215,7 +132,7 @@ class DedupPublisher:
         """Recover `topic` (if not yet open) and create its producer; returns the highest persisted id."""
         return self._channel(normalize_topic(topic)).seqmap.highest_persisted(self.producer_name)
 
-    def _channel_for(self, topic: str) -> _Channel:
+    def _channel_for(self, topic: str) -> TopicChannel:
         """The channel of `topic` as the caller spells it (the normalized name is cached)."""
         full = self._names.get(topic)
         if full is None:
@@ -223,7 +140,7 @@ class DedupPublisher:
             self._names[topic] = full
         return self._channel(full)
 
-    def _channel(self, topic: str) -> _Channel:
+    def _channel(self, topic: str) -> TopicChannel:
         ch = self._channels.get(topic)
         if ch is not None:
             return ch
@@ -247,7 +164,7 @@ class DedupPublisher:
                 "publish to each partition by name (<topic>-partition-<k>)"
             )
 
-    def _open_channel(self, topic: str) -> _Channel:
+    def _open_channel(self, topic: str) -> TopicChannel:
         self._check_not_partitioned(topic)
         seqmap = SequenceMap(topic, snapshot_interval=self.snapshot_interval, max_producers=self.max_producers)
         key = snapshot_key(self.producer_name, topic)
@@ -287,12 +204,12 @@ class DedupPublisher:
         if stats.end is not None and stats.messages_read:
             seqmap.advance_position(stats.end)
         seqmap.producer_added(name)
-        ch = _Channel(topic=topic, seqmap=seqmap, recovery=stats)
+        ch = TopicChannel(topic=topic, seqmap=seqmap, producer_name=name, state_store=self.state_store, recovery=stats)
         if stats.messages_read:
             # Record the replay so the next recovery starts after it (Pulsar does this only past
             # brokerDeduplicationEntriesInterval entries; one put is cheaper than any re-read).
             ch.due_snapshot = seqmap.take_snapshot()
-            self._write_due_snapshot(ch)
+            ch.write_due_snapshot()
         ch.producer = self.client.create_producer(
             topic,
             producer_name=name,
@@ -335,60 +252,16 @@ class DedupPublisher:
         if self._closed:
             raise PublishError(f"publisher {self.producer_name} is closed")
         ch = self._channel_for(topic)
-        if ch.due_snapshot is not None:  # unlocked peek; _write_due_snapshot re-checks under the lock
-            self._write_due_snapshot(ch)
-        name = self.producer_name
-        immediate: Optional[PublishResult] = None
-        with ch.publish_lock:
-            with ch.cond:
-                if ch.failed is not None:
-                    raise self._channel_failed(ch)
-                if not ch.seqmap.should_publish(name, sequence_id):
-                    ch.duplicates += 1
-                    if sequence_id <= ch.seqmap.highest_persisted(name):
-                        immediate = PublishResult(ch.topic, sequence_id, Outcome.DUPLICATE)
-                    elif callback is not None:
-                        heapq.heappush(ch.waiters, (sequence_id, next(self._tiebreak), callback))
-                    log.debug("event=dedup_duplicate_dropped topic=%s producer=%s seq=%d", ch.topic, name, sequence_id)
-                    outcome = Outcome.DUPLICATE
-                else:
-                    previous = ch.seqmap.highest_pushed(name)
-                    ch.seqmap.mark_pushed(name, sequence_id)
-                    pending = _Pending(sequence_id, callback)
-                    ch.pending.append(pending)
-                    ch.outstanding += 1
-                    outcome = Outcome.SENT
-            if outcome is Outcome.SENT:
-                try:
-                    assert ch.producer is not None
-                    ch.producer.send_async(
-                        bytes(payload),
-                        lambda res, msg_id: self._on_send_complete(ch, pending, res, msg_id),
-                        properties=props,
-                        partition_key=partition_key,
-                        ordering_key=ordering_key,
-                        sequence_id=sequence_id,
-                        event_timestamp=event_timestamp,
-                    )
-                except Exception as exc:
-                    # Nothing left the client: undo the push so the same id can be retried.
-                    with ch.cond:
-                        if ch.pending and ch.pending[-1] is pending:
-                            ch.pending.pop()
-                        ch.outstanding -= 1
-                        ch.seqmap.rollback_pushed(name, sequence_id, previous)
-                        ch.cond.notify_all()
-                    raise PublishError(f"topic {ch.topic} producer {name}: send of sequence id {sequence_id} failed: {exc}") from exc
-                ch.sent += 1
-        if immediate is not None and callback is not None:
-            self._safe_callback(callback, immediate)
-        return outcome
+        if ch.due_snapshot is not None:  # unlocked peek; write_due_snapshot re-checks under the lock
+            ch.write_due_snapshot()
+        return ch.publish(payload, sequence_id, props, callback=callback, partition_key=partition_key,
+                          ordering_key=ordering_key, event_timestamp=event_timestamp)
 
     def publish_many(self, topic: str, messages: Sequence[OutMessage]) -> List[Outcome]:
         """Publish messages with increasing sequence ids to one topic; SENT or DUPLICATE each.
 
         The fast path for bursts: only the last message sent (and any over
-        TRACK_EACH_ABOVE_BYTES) gets a completion callback from pulsar-client, whose success
+        channel.TRACK_EACH_ABOVE_BYTES) gets a completion callback from pulsar-client, whose success
         also completes the earlier ones (a producer completes its sends in order); a Python
         callback per message costs more than the send itself. There are no per-message
         callbacks: read progress with `persisted_seq(topic)` and failures with `check()`.
@@ -398,103 +271,14 @@ class DedupPublisher:
             raise PublishError(f"publisher {self.producer_name} is closed")
         ch = self._channel_for(topic)
         if ch.due_snapshot is not None:
-            self._write_due_snapshot(ch)
-        name = self.producer_name
-        outcomes: List[Outcome] = []
-        with ch.publish_lock:
-            held: Optional[Tuple[_Pending, OutMessage, Dict[str, str]]] = None
-            try:
-                for m in messages:
-                    seq = m.sequence_id
-                    props = self._checked_message(m.payload, seq, m.properties)
-                    with ch.cond:
-                        if ch.failed is not None:
-                            raise self._channel_failed(ch)
-                        if not ch.seqmap.should_publish(name, seq):
-                            ch.duplicates += 1
-                            outcomes.append(Outcome.DUPLICATE)
-                            continue
-                        ch.seqmap.mark_pushed(name, seq)
-                        pending = _Pending(seq, None, tracked=len(m.payload) > TRACK_EACH_ABOVE_BYTES)
-                        ch.pending.append(pending)
-                        ch.outstanding += 1
-                        ch.untracked += 0 if pending.tracked else 1
-                    if pending.tracked and held is not None:
-                        self._track(ch, held[0])  # close the group before a message that may fail alone
-                    outcomes.append(Outcome.SENT)
-                    if held is not None:
-                        self._send_held(ch, *held)
-                    held = (pending, m, props)
-            except BaseException:
-                # A bad message (or a failed channel) ends the burst early; the message held back
-                # was accepted, so it is sent, tracked, unless the channel can no longer send.
-                if held is not None:
-                    if ch.failed is None:
-                        self._track(ch, held[0])
-                        try:
-                            self._send_held(ch, *held)
-                        except PublishError:
-                            pass  # stranded, channel failed; the original error is the one to raise
-                    else:
-                        self._strand(ch, held[0], "publish_many aborted before this send")
-                raise
-            if held is not None:
-                self._track(ch, held[0])
-                self._send_held(ch, *held)
-        return outcomes
-
-    @staticmethod
-    def _track(ch: _Channel, pending: _Pending) -> None:
-        """Give a not-yet-sent message its own completion callback (it closes the group)."""
-        with ch.cond:
-            if not pending.tracked:
-                pending.tracked = True
-                ch.untracked -= 1
-
-    def _strand(self, ch: _Channel, pending: _Pending, reason: str) -> None:
-        """`pending`, and the untracked sends it would have completed, will never complete: fail
-        the channel and take them out of the in-flight count (the watermark stops there)."""
-        with ch.cond:
-            if ch.failed is None:
-                ch.failed, ch.failed_seq = reason, pending.seq
-            for p in [p for p in ch.pending if p is pending or not p.tracked]:
-                if not p.stranded and not p.done:
-                    p.stranded = True
-                    ch.outstanding -= 1
-                    if not p.tracked:
-                        ch.untracked -= 1
-            ch.cond.notify_all()
-
-    def _send_held(self, ch: _Channel, pending: _Pending, m: OutMessage, props: Dict[str, str]) -> None:
-        assert ch.producer is not None
-        callback = (lambda res, msg_id: self._on_send_complete(ch, pending, res, msg_id)) if pending.tracked else None
-        try:
-            extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
-            ch.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
-                                   sequence_id=m.sequence_id, event_timestamp=m.event_timestamp, **extra)
-        except Exception as exc:
-            self._strand(ch, pending, f"send raised: {exc}")
-            log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", ch.topic, self.producer_name,
-                      pending.seq, exc)
-            raise PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
-                               f"{pending.seq} failed: {exc}") from exc
-        ch.sent += 1
+            ch.write_due_snapshot()
+        return ch.publish_many(messages, self._checked_message)
 
     def check(self) -> None:
         """Raise PublishError if a send on any topic failed (the channel then refuses publishes)."""
         for ch in list(self._channels.values()):
             if ch.failed is not None:
-                raise self._send_failed(ch)
-
-    def _channel_failed(self, ch: _Channel) -> PublishError:
-        """The error for a publish on a channel that failed earlier."""
-        return PublishError(f"topic {ch.topic} producer {self.producer_name}: channel failed at sequence id "
-                            f"{ch.failed_seq}: {ch.failed}")
-
-    def _send_failed(self, ch: _Channel) -> PublishError:
-        """The error reporting the send that failed the channel."""
-        return PublishError(f"topic {ch.topic} producer {self.producer_name}: send of sequence id "
-                            f"{ch.failed_seq} failed: {ch.failed}")
+                raise ch.send_failed_error()
 
     def _checked_message(self, payload: object, seq: int, properties: Optional[Mapping[str, str]]) -> Dict[str, str]:
         """Check one message's id, payload and properties; its properties with the dedup ones added."""
@@ -512,106 +296,11 @@ class DedupPublisher:
         props[SEQUENCE_PROPERTY] = str(seq)
         return props
 
-    def _on_send_complete(self, ch: _Channel, pending: _Pending, res: object, msg_id: object) -> None:
-        # Runs on pulsar-client's I/O thread: an exception escaping here kills the process.
-        try:
-            self._complete(ch, pending, res, msg_id)
-        except Exception:  # pragma: no cover - defensive
-            log.exception("event=dedup_callback_error topic=%s seq=%d", ch.topic, pending.seq)
-
-    def _complete(self, ch: _Channel, pending: _Pending, res: object, msg_id: object) -> None:
-        name = self.producer_name
-        fire: List[Tuple[PublishCallback, PublishResult]] = []
-        with ch.cond:
-            ch.outstanding -= 1
-            # Untracked sends before this one complete with it: pulsar-client completes a
-            # producer's sends in order (an ack out of order makes it reconnect and resend).
-            covered: List[_Pending] = []
-            if ch.untracked:
-                covered = [p for p in itertools.takewhile(lambda p: p is not pending, ch.pending)
-                           if not p.tracked and not p.done and not p.stranded]
-                ch.outstanding -= len(covered)
-                ch.untracked -= len(covered)
-                if res != pulsar.Result.Ok:
-                    for p in covered:
-                        p.stranded = True
-            if res == pulsar.Result.Ok:
-                for p in covered:
-                    p.done = True
-                pos = position_of(msg_id)
-                # -1:-1 is broker de-duplication saying "already stored": a success.
-                broker_dup = pos.ledger_id < 0 and pos.entry_id < 0
-                pending.position = None if broker_dup else pos
-                pending.done = True
-                if pending.callback is not None:
-                    outcome = Outcome.DUPLICATE if broker_dup else Outcome.PERSISTED
-                    fire.append((pending.callback, PublishResult(ch.topic, pending.seq, outcome, pending.position)))
-            else:
-                err = str(res)
-                if ch.failed is None:
-                    ch.failed, ch.failed_seq = err, pending.seq
-                    log.error("event=dedup_send_failed topic=%s producer=%s seq=%d result=%s", ch.topic, name, pending.seq, err)
-                if pending.callback is not None:
-                    fire.append((pending.callback, PublishResult(ch.topic, pending.seq, Outcome.FAILED, error=err)))
-            # The persisted watermark only moves over a prefix of completed sends, so a snapshot
-            # never claims an id whose predecessors are not all on the topic.
-            while ch.pending and ch.pending[0].done:
-                head = ch.pending.popleft()
-                snap = ch.seqmap.mark_persisted(name, head.seq, head.position)
-                if snap is not None:
-                    ch.due_snapshot = snap
-            persisted = ch.seqmap.highest_persisted(name)
-            while ch.waiters and ch.waiters[0][0] <= persisted:
-                seq, _, cb = heapq.heappop(ch.waiters)
-                fire.append((cb, PublishResult(ch.topic, seq, Outcome.DUPLICATE)))
-            if ch.failed is not None:
-                while ch.waiters:
-                    seq, _, cb = heapq.heappop(ch.waiters)
-                    fire.append((cb, PublishResult(ch.topic, seq, Outcome.FAILED, error=ch.failed)))
-            ch.cond.notify_all()
-        for cb, result in fire:
-            self._safe_callback(cb, result)
-
-    @staticmethod
-    def _safe_callback(cb: PublishCallback, result: PublishResult) -> None:
-        try:
-            cb(result)
-        except Exception:
-            log.exception("event=dedup_user_callback_error topic=%s seq=%d", result.topic, result.sequence_id)
-
     # -- snapshots -------------------------------------------------------------------------
-
-    def _write_due_snapshot(self, ch: _Channel) -> None:
-        with ch.snapshot_lock:
-            with ch.cond:
-                snap, ch.due_snapshot = ch.due_snapshot, None
-            if snap is None or snap.entries < ch.written_entries:
-                return
-            try:
-                self.state_store.put(snapshot_key(self.producer_name, ch.topic), snap.to_bytes())
-            except Exception as exc:
-                # Snapshots only shorten recovery (the tail replay is what makes it exact), so a
-                # store outage must not stop publishing; the next interval tries again.
-                log.error(
-                    "event=dedup_snapshot_write_failed topic=%s producer=%s entries=%d error=%s",
-                    ch.topic, self.producer_name, snap.entries, exc,
-                )
-                return
-            ch.written_entries = snap.entries
-            log.info(
-                "event=dedup_snapshot_written topic=%s producer=%s position=%s highest=%d entries=%d",
-                ch.topic, self.producer_name, snap.position, snap.producers.get(self.producer_name, NO_SEQUENCE),
-                snap.entries,
-            )
 
     def snapshot(self, topic: str) -> DedupSnapshot:
         """Write the topic's persisted map to the state store now and return it."""
-        ch = self._channel(normalize_topic(topic))
-        with ch.cond:
-            ch.due_snapshot = ch.seqmap.take_snapshot()
-            snap = ch.due_snapshot
-        self._write_due_snapshot(ch)
-        return snap
+        return self._channel(normalize_topic(topic)).snapshot_now()
 
     # -- watermarks ------------------------------------------------------------------------
 
@@ -653,18 +342,10 @@ class DedupPublisher:
         """
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         for ch in list(self._channels.values()):
-            with ch.cond:
-                while ch.outstanding > 0:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise TimeoutError(
-                            f"topic {ch.topic} producer {self.producer_name}: {ch.outstanding} sends still "
-                            f"in flight after {timeout_s}s"
-                        )
-                    ch.cond.wait(remaining if remaining is None else min(remaining, 1.0))
-            self._write_due_snapshot(ch)
+            ch.wait_idle(deadline, timeout_s)
+            ch.write_due_snapshot()
             if ch.failed is not None:
-                raise self._send_failed(ch)
+                raise ch.send_failed_error()
 
     def close(self, timeout_s: Optional[float] = 30.0) -> None:
         """Flush, write a final snapshot per topic and close the producers (not the client)."""
@@ -678,19 +359,7 @@ class DedupPublisher:
             # The snapshot below is still exact: it stops at the last contiguous confirmed id.
             log.warning("event=dedup_close_flush_incomplete producer=%s error=%s", self.producer_name, exc)
         for ch in list(self._channels.values()):
-            with ch.cond:
-                ch.due_snapshot = ch.seqmap.take_snapshot()
-                ch.seqmap.producer_removed(self.producer_name)
-            self._write_due_snapshot(ch)
-            if ch.producer is not None:
-                try:
-                    ch.producer.close()
-                except pulsar.PulsarException as exc:
-                    log.warning("event=dedup_producer_close_failed topic=%s error=%s", ch.topic, exc)
-            log.info(
-                "event=dedup_channel_closed topic=%s producer=%s persisted=%d sent=%d duplicates=%d",
-                ch.topic, self.producer_name, ch.seqmap.highest_persisted(self.producer_name), ch.sent, ch.duplicates,
-            )
+            ch.close()
 
     def __enter__(self) -> "DedupPublisher":
         return self
@@ -700,6 +369,7 @@ class DedupPublisher:
 
 
 __all__ = [
+    "SNAPSHOT_KEY_PREFIX",
     "DedupPublisher",
     "OutMessage",
     "Outcome",

@@ -1,0 +1,411 @@
+"""`TopicChannel`: one output topic of a DedupPublisher — its producer, its sequence map, the sends
+in flight and their completion, and the topic's dedup snapshot.
+
+Threads: `cond` guards the in-flight state; pulsar-client runs `on_send_complete` on its I/O
+thread (it only updates memory and runs the callers' callbacks); `publish_lock` serializes the
+publishes of the topic; `snapshot_lock` serializes snapshot writes (done by calling threads,
+never on the client's I/O thread).
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
+
+import pulsar
+
+from ..state.base import StateStore
+from .recovery import TailStats, position_of
+from .sequence_map import NO_SEQUENCE, DedupError, DedupSnapshot, Position, SequenceMap
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_KEY_PREFIX = "pulsar-lifecycle/dedup"
+
+
+class Outcome(str, Enum):
+    """What happened to a publish. `publish` returns SENT or DUPLICATE; callbacks get the rest."""
+
+    SENT = "sent"  # handed to the producer; the callback follows
+    DUPLICATE = "duplicate"  # already on the topic (dropped here, or -1:-1 from broker de-dup)
+    PERSISTED = "persisted"  # the broker stored it
+    FAILED = "failed"  # the send failed; the topic's channel refuses further publishes
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    """Passed to a publish callback once the message's fate is known."""
+
+    topic: str
+    sequence_id: int
+    outcome: Outcome
+    position: Optional[Position] = None
+    error: Optional[str] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the message is on the topic (persisted now or earlier)."""
+        return self.outcome in (Outcome.PERSISTED, Outcome.DUPLICATE)
+
+
+PublishCallback = Callable[[PublishResult], None]
+
+
+class PublishError(DedupError):
+    """A send failed or the topic's channel is unusable after an earlier failure."""
+
+
+@dataclass(frozen=True)
+class OutMessage:
+    """One message of `publish_many`."""
+
+    payload: bytes
+    sequence_id: int
+    properties: Optional[Mapping[str, str]] = None
+    partition_key: Optional[str] = None
+    event_timestamp: Optional[int] = None
+    deliver_at: Optional[int] = None  # broker delayed delivery (ms since epoch); None = now
+
+
+# publish_many gives a message its own completion callback above this size: pulsar-client fails
+# an oversized message on its own (MessageTooBig) while later ones succeed.
+TRACK_EACH_ABOVE_BYTES = 1 << 20
+
+# Checks one message (payload, sequence id, caller's properties); returns its properties to send.
+MessageCheck = Callable[[Any, int, Optional[Mapping[str, str]]], Dict[str, str]]
+
+
+def snapshot_key(producer_name: str, topic: str) -> str:
+    """The state-store key of one (producer, topic) snapshot."""
+    return f"{SNAPSHOT_KEY_PREFIX}/{producer_name}@{topic}"
+
+
+def safe_callback(cb: PublishCallback, result: PublishResult) -> None:
+    """Run a caller's callback; an exception is logged, never raised into pulsar-client's thread."""
+    try:
+        cb(result)
+    except Exception:
+        log.exception("event=dedup_user_callback_error topic=%s seq=%d", result.topic, result.sequence_id)
+
+
+@dataclass
+class PendingSend:
+    """One send in flight."""
+
+    seq: int
+    callback: Optional[PublishCallback]
+    done: bool = False
+    position: Optional[Position] = None
+    tracked: bool = True  # False: completed by the next tracked send of the channel (publish_many)
+    stranded: bool = False  # untracked, and nothing will ever complete it (its channel failed)
+
+
+@dataclass
+class TopicChannel:
+    """One output topic: its producer, its sequence map and the sends in flight."""
+
+    topic: str
+    seqmap: SequenceMap
+    producer_name: str
+    state_store: StateStore
+    producer: Optional[pulsar.Producer] = None
+    recovery: Optional[TailStats] = None
+    pending: Deque[PendingSend] = field(default_factory=deque)
+    outstanding: int = 0  # sends whose callback has not run yet
+    untracked: int = 0  # untracked sends not yet completed by a tracked one
+    # Duplicates of ids still in flight: (seq, tiebreak, callback), fired when persisted reaches seq.
+    waiters: List[Tuple[int, int, PublishCallback]] = field(default_factory=list)
+    failed: Optional[str] = None
+    failed_seq: Optional[int] = None
+    due_snapshot: Optional[DedupSnapshot] = None
+    written_entries: int = -1  # `entries` of the last snapshot written, to never write an older one
+    sent: int = 0
+    duplicates: int = 0
+    cond: threading.Condition = field(default_factory=threading.Condition)
+    publish_lock: threading.Lock = field(default_factory=threading.Lock)
+    snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
+    tiebreak: "itertools.count[int]" = field(default_factory=itertools.count)
+
+    # -- errors ----------------------------------------------------------------------------------
+    def failed_error(self) -> PublishError:
+        """The error for a publish on a channel that failed earlier."""
+        return PublishError(f"topic {self.topic} producer {self.producer_name}: channel failed at sequence id "
+                            f"{self.failed_seq}: {self.failed}")
+
+    def send_failed_error(self) -> PublishError:
+        """The error reporting the send that failed the channel."""
+        return PublishError(f"topic {self.topic} producer {self.producer_name}: send of sequence id "
+                            f"{self.failed_seq} failed: {self.failed}")
+
+    # -- publishing ------------------------------------------------------------------------------
+    def publish(self, payload: bytes, sequence_id: int, props: Dict[str, str], *,
+                callback: Optional[PublishCallback], partition_key: Optional[str], ordering_key: Optional[str],
+                event_timestamp: Optional[int]) -> Outcome:
+        """DedupPublisher.publish on this topic, with the message already checked (`props` has the
+        dedup properties): send unless the id is already pushed; SENT or DUPLICATE."""
+        name = self.producer_name
+        immediate: Optional[PublishResult] = None
+        with self.publish_lock:
+            with self.cond:
+                if self.failed is not None:
+                    raise self.failed_error()
+                if not self.seqmap.should_publish(name, sequence_id):
+                    self.duplicates += 1
+                    if sequence_id <= self.seqmap.highest_persisted(name):
+                        immediate = PublishResult(self.topic, sequence_id, Outcome.DUPLICATE)
+                    elif callback is not None:
+                        heapq.heappush(self.waiters, (sequence_id, next(self.tiebreak), callback))
+                    log.debug("event=dedup_duplicate_dropped topic=%s producer=%s seq=%d", self.topic, name, sequence_id)
+                    outcome = Outcome.DUPLICATE
+                else:
+                    previous = self.seqmap.highest_pushed(name)
+                    self.seqmap.mark_pushed(name, sequence_id)
+                    pending = PendingSend(sequence_id, callback)
+                    self.pending.append(pending)
+                    self.outstanding += 1
+                    outcome = Outcome.SENT
+            if outcome is Outcome.SENT:
+                try:
+                    assert self.producer is not None
+                    self.producer.send_async(
+                        bytes(payload),
+                        lambda res, msg_id: self.on_send_complete(pending, res, msg_id),
+                        properties=props,
+                        partition_key=partition_key,
+                        ordering_key=ordering_key,
+                        sequence_id=sequence_id,
+                        event_timestamp=event_timestamp,
+                    )
+                except Exception as exc:
+                    # Nothing left the client: undo the push so the same id can be retried.
+                    with self.cond:
+                        if self.pending and self.pending[-1] is pending:
+                            self.pending.pop()
+                        self.outstanding -= 1
+                        self.seqmap.rollback_pushed(name, sequence_id, previous)
+                        self.cond.notify_all()
+                    raise PublishError(f"topic {self.topic} producer {name}: send of sequence id {sequence_id} "
+                                       f"failed: {exc}") from exc
+                self.sent += 1
+        if immediate is not None and callback is not None:
+            safe_callback(callback, immediate)
+        return outcome
+
+    def publish_many(self, messages: Iterable[OutMessage], check: MessageCheck) -> List[Outcome]:
+        """DedupPublisher.publish_many on this topic; `check(payload, seq, properties)` validates a
+        message and gives its properties with the dedup ones (raising ends the burst there)."""
+        name = self.producer_name
+        outcomes: List[Outcome] = []
+        with self.publish_lock:
+            held: Optional[Tuple[PendingSend, OutMessage, Dict[str, str]]] = None
+            try:
+                for m in messages:
+                    seq = m.sequence_id
+                    props = check(m.payload, seq, m.properties)
+                    with self.cond:
+                        if self.failed is not None:
+                            raise self.failed_error()
+                        if not self.seqmap.should_publish(name, seq):
+                            self.duplicates += 1
+                            outcomes.append(Outcome.DUPLICATE)
+                            continue
+                        self.seqmap.mark_pushed(name, seq)
+                        pending = PendingSend(seq, None, tracked=len(m.payload) > TRACK_EACH_ABOVE_BYTES)
+                        self.pending.append(pending)
+                        self.outstanding += 1
+                        self.untracked += 0 if pending.tracked else 1
+                    if pending.tracked and held is not None:
+                        self.track(held[0])  # close the group before a message that may fail alone
+                    outcomes.append(Outcome.SENT)
+                    if held is not None:
+                        self.send(*held)
+                    held = (pending, m, props)
+            except BaseException:
+                # A bad message (or a failed channel) ends the burst early; the message held back
+                # was accepted, so it is sent, tracked, unless the channel can no longer send.
+                if held is not None:
+                    if self.failed is None:
+                        self.track(held[0])
+                        try:
+                            self.send(*held)
+                        except PublishError:
+                            pass  # stranded, channel failed; the original error is the one to raise
+                    else:
+                        self.strand(held[0], "publish_many aborted before this send")
+                raise
+            if held is not None:
+                self.track(held[0])
+                self.send(*held)
+        return outcomes
+
+    # -- sends in flight -------------------------------------------------------------------------
+    def track(self, pending: PendingSend) -> None:
+        """Give a not-yet-sent message its own completion callback (it closes the group)."""
+        with self.cond:
+            if not pending.tracked:
+                pending.tracked = True
+                self.untracked -= 1
+
+    def strand(self, pending: PendingSend, reason: str) -> None:
+        """`pending`, and the untracked sends it would have completed, will never complete: fail
+        the channel and take them out of the in-flight count (the watermark stops there)."""
+        with self.cond:
+            if self.failed is None:
+                self.failed, self.failed_seq = reason, pending.seq
+            for p in [p for p in self.pending if p is pending or not p.tracked]:
+                if not p.stranded and not p.done:
+                    p.stranded = True
+                    self.outstanding -= 1
+                    if not p.tracked:
+                        self.untracked -= 1
+            self.cond.notify_all()
+
+    def send(self, pending: PendingSend, m: OutMessage, props: Dict[str, str]) -> None:
+        """Hand `m` to the producer; a completion callback only when `pending` is tracked."""
+        assert self.producer is not None
+        callback = (lambda res, msg_id: self.on_send_complete(pending, res, msg_id)) if pending.tracked else None
+        try:
+            extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
+            self.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
+                                     sequence_id=m.sequence_id, event_timestamp=m.event_timestamp, **extra)
+        except Exception as exc:
+            self.strand(pending, f"send raised: {exc}")
+            log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", self.topic, self.producer_name,
+                      pending.seq, exc)
+            raise PublishError(f"topic {self.topic} producer {self.producer_name}: send of sequence id "
+                               f"{pending.seq} failed: {exc}") from exc
+        self.sent += 1
+
+    def on_send_complete(self, pending: PendingSend, res: object, msg_id: object) -> None:
+        """pulsar-client's completion callback of a tracked send."""
+        # Runs on pulsar-client's I/O thread: an exception escaping here kills the process.
+        try:
+            self.complete(pending, res, msg_id)
+        except Exception:  # pragma: no cover - defensive
+            log.exception("event=dedup_callback_error topic=%s seq=%d", self.topic, pending.seq)
+
+    def complete(self, pending: PendingSend, res: object, msg_id: object) -> None:
+        """Record the fate of `pending` (and of the untracked sends before it), move the persisted
+        watermark over the completed prefix and run the callbacks that became due."""
+        name = self.producer_name
+        fire: List[Tuple[PublishCallback, PublishResult]] = []
+        with self.cond:
+            self.outstanding -= 1
+            # Untracked sends before this one complete with it: pulsar-client completes a
+            # producer's sends in order (an ack out of order makes it reconnect and resend).
+            covered: List[PendingSend] = []
+            if self.untracked:
+                covered = [p for p in itertools.takewhile(lambda p: p is not pending, self.pending)
+                           if not p.tracked and not p.done and not p.stranded]
+                self.outstanding -= len(covered)
+                self.untracked -= len(covered)
+                if res != pulsar.Result.Ok:
+                    for p in covered:
+                        p.stranded = True
+            if res == pulsar.Result.Ok:
+                for p in covered:
+                    p.done = True
+                pos = position_of(msg_id)
+                # -1:-1 is broker de-duplication saying "already stored": a success.
+                broker_dup = pos.ledger_id < 0 and pos.entry_id < 0
+                pending.position = None if broker_dup else pos
+                pending.done = True
+                if pending.callback is not None:
+                    outcome = Outcome.DUPLICATE if broker_dup else Outcome.PERSISTED
+                    fire.append((pending.callback, PublishResult(self.topic, pending.seq, outcome, pending.position)))
+            else:
+                err = str(res)
+                if self.failed is None:
+                    self.failed, self.failed_seq = err, pending.seq
+                    log.error("event=dedup_send_failed topic=%s producer=%s seq=%d result=%s", self.topic, name,
+                              pending.seq, err)
+                if pending.callback is not None:
+                    fire.append((pending.callback, PublishResult(self.topic, pending.seq, Outcome.FAILED, error=err)))
+            # The persisted watermark only moves over a prefix of completed sends, so a snapshot
+            # never claims an id whose predecessors are not all on the topic.
+            while self.pending and self.pending[0].done:
+                head = self.pending.popleft()
+                snap = self.seqmap.mark_persisted(name, head.seq, head.position)
+                if snap is not None:
+                    self.due_snapshot = snap
+            persisted = self.seqmap.highest_persisted(name)
+            while self.waiters and self.waiters[0][0] <= persisted:
+                seq, _, cb = heapq.heappop(self.waiters)
+                fire.append((cb, PublishResult(self.topic, seq, Outcome.DUPLICATE)))
+            if self.failed is not None:
+                while self.waiters:
+                    seq, _, cb = heapq.heappop(self.waiters)
+                    fire.append((cb, PublishResult(self.topic, seq, Outcome.FAILED, error=self.failed)))
+            self.cond.notify_all()
+        for cb, result in fire:
+            safe_callback(cb, result)
+
+    # -- snapshots -------------------------------------------------------------------------------
+    def write_due_snapshot(self) -> None:
+        """Write the due snapshot, if any and not older than the last written, to the state store."""
+        with self.snapshot_lock:
+            with self.cond:
+                snap, self.due_snapshot = self.due_snapshot, None
+            if snap is None or snap.entries < self.written_entries:
+                return
+            try:
+                self.state_store.put(snapshot_key(self.producer_name, self.topic), snap.to_bytes())
+            except Exception as exc:
+                # Snapshots only shorten recovery (the tail replay is what makes it exact), so a
+                # store outage must not stop publishing; the next interval tries again.
+                log.error(
+                    "event=dedup_snapshot_write_failed topic=%s producer=%s entries=%d error=%s",
+                    self.topic, self.producer_name, snap.entries, exc,
+                )
+                return
+            self.written_entries = snap.entries
+            log.info(
+                "event=dedup_snapshot_written topic=%s producer=%s position=%s highest=%d entries=%d",
+                self.topic, self.producer_name, snap.position, snap.producers.get(self.producer_name, NO_SEQUENCE),
+                snap.entries,
+            )
+
+    def snapshot_now(self) -> DedupSnapshot:
+        """Take the persisted map as a snapshot, write it and return it."""
+        with self.cond:
+            self.due_snapshot = self.seqmap.take_snapshot()
+            snap = self.due_snapshot
+        self.write_due_snapshot()
+        return snap
+
+    # -- draining and closing --------------------------------------------------------------------
+    def wait_idle(self, deadline: Optional[float], timeout_s: Optional[float]) -> None:
+        """Wait until no send is in flight; TimeoutError at `deadline` (time.monotonic(); None:
+        never), naming `timeout_s`, the caller's whole wait."""
+        with self.cond:
+            while self.outstanding > 0:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(
+                        f"topic {self.topic} producer {self.producer_name}: {self.outstanding} sends still "
+                        f"in flight after {timeout_s}s"
+                    )
+                self.cond.wait(remaining if remaining is None else min(remaining, 1.0))
+
+    def close(self) -> None:
+        """Write a final snapshot, remove this producer from the map and close the producer."""
+        with self.cond:
+            self.due_snapshot = self.seqmap.take_snapshot()
+            self.seqmap.producer_removed(self.producer_name)
+        self.write_due_snapshot()
+        if self.producer is not None:
+            try:
+                self.producer.close()
+            except pulsar.PulsarException as exc:
+                log.warning("event=dedup_producer_close_failed topic=%s error=%s", self.topic, exc)
+        log.info(
+            "event=dedup_channel_closed topic=%s producer=%s persisted=%d sent=%d duplicates=%d",
+            self.topic, self.producer_name, self.seqmap.highest_persisted(self.producer_name), self.sent,
+            self.duplicates,
+        )
