@@ -143,6 +143,30 @@ def same_bytes(a: Path, b: Path) -> Dict[str, int]:
     return {"compared": same + differ, "identical": same}
 
 
+def tree_cpu_s(root: int) -> float:
+    """CPU seconds (user + system) used so far by `root` and every live descendant (the driver,
+    Spark's JVM and its Python workers): the work a run cost, whatever else ran on the machine."""
+    children: Dict[int, List[int]] = {}
+    times: Dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid = int(entry.name)
+        children.setdefault(int(fields[1]), []).append(pid)
+        times[pid] = (int(fields[11]) + int(fields[12])) / tick
+    total, todo = 0.0, [root]
+    while todo:
+        pid = todo.pop()
+        total += times.get(pid, 0.0)
+        todo.extend(children.get(pid, []))
+    return total
+
+
 def rss_kb(pid: int) -> int:
     """VmRSS of a process in kB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -189,6 +213,26 @@ def recover_first_release(store: Path) -> Dict[str, Any]:
             "rss_growth_mb": round((rss_kb(os.getpid()) - before) / 1024, 1), "bytes_read": report.bytes_read}
 
 
+def executor_cpu(work: Path, rows: int) -> None:
+    """CPU time per row of what one Spark task does for one bucket (no Spark, no writes)."""
+    from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
+    from pulsar_lifecycle.spark.seed import ROW_COLUMNS
+    from pulsar_lifecycle.spark.seeding import build_bucket
+
+    shutil.rmtree(work, ignore_errors=True)
+    generate(work / "export", rows, max(1, rows // 50_000), 24 * HOUR_MS, int(time.time() * 1000), 1)
+    config, opts = writer_settings(str(wc.WRITER_CONFIG), None)
+    table = pq.read_table(work / "export").select(list(ROW_COLUMNS))
+    runs = []
+    for _ in range(3):
+        t0 = time.process_time()
+        build = build_bucket(table, config, opts, LedgerBitmaps())
+        runs.append((time.process_time() - t0) / rows * 1e6)
+    shutil.rmtree(work, ignore_errors=True)
+    print(f"executor side: {rows:,} rows -> {build.items:,} items, {len(build.segments)} segments; CPU per row "
+          f"{', '.join(f'{r:.2f}' for r in runs)} us (median {sorted(runs)[1]:.2f} us)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -203,10 +247,16 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
     ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
     ap.add_argument("--skip-verify", action="store_true")
+    ap.add_argument("--executor-rows", type=int, default=0,
+                    help="Only time the executor side (seeding.build_bucket) on one bucket of this many rows, "
+                         "in this process, in CPU time (3 runs).")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
         print(json.dumps(recover_first_release(Path(args.recover_only))))
+        return
+    if args.executor_rows:
+        executor_cpu(Path(args.workdir), args.executor_rows)
         return
     args.ledgers = args.ledgers or max(1, args.rows // 50_000)
     work = Path(args.workdir)
@@ -221,13 +271,15 @@ def main() -> None:
 
     spark = get_spark("local[2]", "bench-seed", **{"spark.driver.memory": "4g"})
     spark.range(10).count()  # session warm, not counted
+    cpu0 = tree_cpu_s(os.getpid())
     with JobProgress(spark, "seed") as progress:
         seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+    results["seed_cpu_s"] = round(tree_cpu_s(os.getpid()) - cpu0, 1)
     results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
                        "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
-          f"= {seed.rows_per_s:,.0f} rows/s", flush=True)
+          f"= {seed.rows_per_s:,.0f} rows/s; CPU of all Spark processes {results['seed_cpu_s']} s", flush=True)
     if args.seed_only:
         spark.stop()
         print(json.dumps(results, indent=2))

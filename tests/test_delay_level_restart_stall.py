@@ -17,6 +17,7 @@ import pytest
 from helpers import receive_payloads
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.rule import partition_topic
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 
@@ -78,3 +79,49 @@ def test_restarted_syncer_forwards_a_partition_its_killed_predecessor_held(broke
         producer.close()
         client.close()
     assert len(got) == n and len(set(got)) == n, f"{len(got)} of {n} forwarded after the restart (logs: {tmp_path})"
+
+
+def test_a_partition_left_with_a_permit_deficit_is_unblocked_by_resubscribing(broker, tmp_path, unique):
+    # pulsar-lite keeps a closed consumer's negative permits and re-dispatches its messages to the
+    # next one in one round, so after a few crashes a partition's consumer can stay idle while
+    # messages wait (the crash test saw 420 of one partition never forwarded). Made here directly:
+    # a consumer with a queue of 1 takes a 600-message entry and closes (deficit 599 > queue 200).
+    from pulsar_lifecycle.delaylevel.config import parse_syncer_config
+    from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
+    from pulsar_lifecycle.state.directory import DirectoryStateStore
+
+    ns = "persistent://public/default"
+    business, sched = f"{ns}/dlsd-biz-{unique}", f"{ns}/dlsd-sched-{unique}"
+    n = 600
+    client = quiet_client(broker.service_url)
+    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2),
+                                  max_pending_messages=5000, batching_max_messages=1000,
+                                  batching_max_publish_delay_ms=200)  # one big entry, as a foreign producer may
+    watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
+    service = None
+    try:
+        for i in range(n):
+            producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=2500)
+        producer.flush()
+        grab = client.subscribe(partition_topic(producer.delay_level_topic, 0), "syncer",
+                                consumer_type=pulsar.ConsumerType.Shared,
+                                initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1)
+        grab.receive(timeout_millis=5000)
+        grab.close()  # its messages go back; its deficit stays (pulsar-lite)
+        cfg = parse_syncer_config({"delayLevelTopic": producer.delay_level_topic, "schedulingTopic": sched,
+                                   "partitionBy": "SECONDS", "unitSeconds": 2, "messageMaximumDelayTimeSeconds": 20,
+                                   "lookaheadMillis": 5000, "partitionDiscoverySeconds": 0})
+        service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="dlsd",
+                                          state=DirectoryStateStore(tmp_path / "state", "public", "default", "s"),
+                                          record_metric=lambda _n, _v: None).start()
+        got = receive_payloads(watch, n, timeout=25)
+        resubscribed = service.forwarders[0].resubscribed
+    finally:
+        if service is not None:
+            service.stop()
+        producer.close()
+        client.close()
+    assert len(got) == n and len(set(got)) == n, f"{len(got)} of {n} forwarded"
+    assert resubscribed >= 1  # the deficit was real: the first consumer alone got nothing

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Tuple
@@ -47,6 +48,15 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
+# Stall watchdog (pulsar-lite): an idle consumer checks (at its first idle receive after a
+# message, then with a backoff from STALL_CHECK_S to STALL_CHECK_MAX_S) whether the partition holds
+# messages beyond the last one it received, and re-subscribes if so; before it received anything
+# (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
+STALL_CHECK_S = 0.5
+BLIND_WAIT_S = 2.0
+STALL_CHECK_MAX_S = 60.0
+BLIND_RESUBSCRIBES = 3
+MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,8 @@ class _Held:
     props: Dict[str, str]
     due: int
     parked: Optional[Parked]  # None: malformed (`error` says why), dead-lettered
+    seq: int  # the forward's sequence id (from the source position)
+    ref: str  # the source position, "<ledger>:<entry>[:<batch>]"
     error: str = ""
 
 
@@ -98,7 +110,8 @@ class PartitionForwarder:
     """Forwards one partition's parked messages at their forward times (see module docstring)."""
 
     def __init__(self, k: int, topic: str, consumer: pulsar.Consumer, publisher: DedupPublisher,
-                 policy: ForwardPolicy, stop: threading.Event) -> None:
+                 policy: ForwardPolicy, stop: threading.Event,
+                 resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0) -> None:
         self.k = k
         self.topic = topic
         self.consumer = consumer
@@ -113,6 +126,15 @@ class PartitionForwarder:
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
         self._warned_batch = False
+        # Stall watchdog state (see STALL_CHECK_S): `resubscribe` opens a new consumer on the
+        # partition's subscription; None turns the watchdog off.
+        self._resubscribe = resubscribe
+        self._last_seen: Optional[Tuple[int, int]] = None  # (ledger, entry) of the last message received
+        self._check_interval = STALL_CHECK_S
+        self._next_check = time.monotonic() + BLIND_WAIT_S
+        self._blind = 0
+        self.resubscribed = 0
+        self._queue = receiver_queue_size or policy.receiver_queue_size or 200  # the current consumer's queue
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -170,29 +192,38 @@ class PartitionForwarder:
     def _hold(self, msg: pulsar.Message) -> None:
         """Read a message's properties once and compute its forward time; a malformed parked
         message is due now (it is dead-lettered)."""
-        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * msg.message_id().batch_index():
+        mid = msg.message_id()  # read once: each accessor is a call into the client
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        self._last_seen = (ledger, entry)
+        seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
+        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
             # queue can leave the next syncer with nothing on this partition (producer.py).
             self._warned_batch = True
             log.warning("event=delay_level_batch_exceeds_half_queue partition=%s batch_index=%d receiver_queue=%d "
                         "hint='producers should batch at most receiverQueueSize/2 messages (pulsar-lite stalls "
-                        "a restarted consumer otherwise)'", self.topic, msg.message_id().batch_index(),
+                        "a restarted consumer otherwise)'", self.topic, batch,
                         self.policy.receiver_queue_size)
         props = msg.properties()
         try:
             p = parse_parked(props, self.k)
         except ParkedMessageError as exc:
-            self._held.append(_Held(msg, props, 0, None, str(exc)))
+            self._held.append(_Held(msg, props, 0, None, seq, ref, str(exc)))
             return
         due = forward_at(p.base, self.k, self.policy.unit_ms, p.deliver_at, self.policy.lookahead_ms)
-        self._held.append(_Held(msg, props, due, p))
+        self._held.append(_Held(msg, props, due, p, seq, ref))
 
     def _step(self) -> None:
         if not self._held:
             msg = self._receive(IDLE_WAIT_MS)
             if msg is None:
                 self.stats.next_forward_at = 0
+                self._watch_for_stall()
                 return
+            # Once messages flow, a stall is checked for at the first idle receive: a stalled
+            # partition is due (its head was), and the lookahead is the whole margin.
+            self._check_interval = STALL_CHECK_S
+            self._next_check = 0.0
             self._hold(msg)
         due = self._held[0].due
         self.stats.next_forward_at = due
@@ -221,6 +252,48 @@ class PartitionForwarder:
         self.stats.forward_lag_ms = max(0, self.policy.clock() - due)
         self._forward(batch)
 
+    def _watch_for_stall(self) -> None:
+        """pulsar-lite keeps the permit deficit of a consumer that died (or was closed) holding
+        more messages than its queue, and re-dispatches all of its messages to the next one in one
+        round, so after a few crashes a partition's consumer can stay idle while messages wait
+        (docs/delay-levels.md, "Lateness after a crash"). Each new consumer adds its queue to the
+        subscription's permits, so re-subscribing unblocks it. Checked only while idle, nothing
+        held and nothing unacked (so nothing is reordered); real Pulsar never needs it."""
+        if self._resubscribe is None or self.stop.is_set():
+            return
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._check_interval = min(STALL_CHECK_MAX_S, self._check_interval * 2)
+        self._next_check = now + self._check_interval
+        try:
+            last = self.consumer.get_last_message_id()
+            end: Optional[Tuple[int, int]] = (last.ledger_id(), last.entry_id())
+        except pulsar.PulsarException:  # pulsar-lite answers an empty topic with an error
+            end = None
+        if end is None or end[0] < 0 or end[1] < 0:
+            return  # nothing in the partition
+        if self._last_seen is not None:
+            if end <= self._last_seen:
+                return  # drained: the last message is one we received
+        elif self._blind >= BLIND_RESUBSCRIBES:
+            return  # nothing received since start: maybe all acked before; stop guessing
+        else:
+            self._blind += 1
+        old = self.consumer
+        # pulsar-lite takes a closed idle consumer's permits out of the total but leaves a dead
+        # one's deficit in it: only a larger queue outweighs the deficit, so each attempt doubles it.
+        self._queue = min(MAX_RESUBSCRIBE_QUEUE, 2 * self._queue)
+        self.consumer = self._resubscribe(self._queue)
+        self.resubscribed += 1
+        log.warning("event=delay_level_partition_resubscribed partition=%s last_seen=%s topic_end=%s queue=%d "
+                    "reason='idle with messages beyond the last received (pulsar-lite permit stall)'",
+                    self.topic, self._last_seen, end, self._queue)
+        try:
+            old.close()
+        except pulsar.PulsarException as exc:  # the new consumer already reads the partition
+            log.warning("event=delay_level_consumer_close_failed partition=%s error=%r", self.topic, exc)
+
     # -- one batch -------------------------------------------------------------------------
 
     def _forward(self, batch: List[_Held]) -> None:
@@ -230,15 +303,16 @@ class PartitionForwarder:
         not_found: List[_Pending] = []
         with self._lock:
             for held in batch:
-                msg = held.msg
-                mid = msg.message_id()
-                seq = sequence_id(mid.ledger_id(), mid.entry_id(), mid.batch_index())
-                cancel = self._cancels.pop(seq, None)
-                # Cancels of positions this batch passes without meeting them: the target is gone.
-                for missing in [s for s in self._cancels if s < seq]:
-                    log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
-                    not_found.append(self._cancels.pop(missing))
-                self._claimed = max(self._claimed, seq)
+                msg, seq = held.msg, held.seq
+                cancel = None
+                if self._cancels:
+                    cancel = self._cancels.pop(seq, None)
+                    # Cancels of positions this batch passes without meeting them: the target is gone.
+                    for missing in [s for s in self._cancels if s < seq]:
+                        log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
+                        not_found.append(self._cancels.pop(missing))
+                if seq > self._claimed:
+                    self._claimed = seq
                 if cancel is not None:
                     dropped.append((msg, cancel))
                     continue
@@ -258,10 +332,15 @@ class PartitionForwarder:
             cancel.ack()
             self.stats.cancelled += 1
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
-        dropped_ids = {id(d) for d, _ in dropped}
-        for held in batch:
-            if id(held.msg) not in dropped_ids:
-                self.consumer.acknowledge(held.msg)
+        ack = self.consumer.acknowledge
+        if dropped:
+            dropped_ids = {id(d) for d, _ in dropped}
+            for held in batch:
+                if id(held.msg) not in dropped_ids:
+                    ack(held.msg)
+        else:
+            for held in batch:
+                ack(held.msg)
         for pending in not_found:
             pending.ack()
         self._done = max(self._done, self._claimed)
@@ -278,7 +357,7 @@ class PartitionForwarder:
         msg, parked = held.msg, held.parked
         props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
         props[ORIGIN_PARTITION_PROP] = self.topic
-        props[ORIGIN_MSG_ID_PROP] = _ref(msg)
+        props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None
         event_time = msg.event_timestamp() or None
         if parked is None:
@@ -290,7 +369,7 @@ class PartitionForwarder:
         if reason:
             props.update({k: v for k, v in held.props.items() if k in (BASE_PROP, LEVEL_PROP)})  # kept for diagnosis
             props[ERROR_PROP] = reason
-            log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, _ref(msg), reason)
+            log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, held.ref, reason)
             return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"
         assert parked is not None
         if self.policy.near_term_topic is not None:

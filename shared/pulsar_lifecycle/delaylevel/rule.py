@@ -109,6 +109,8 @@ def _int_prop(props: Mapping[str, str], name: str) -> int:
     raw = props.get(name)
     if raw is None:
         raise ParkedMessageError(f"missing {name}")
+    if raw.isascii() and raw.isdigit():  # the common case, checked cheaply (per parked message)
+        return int(raw)
     if not raw.isascii() or not raw.lstrip("-").isdigit():
         raise ParkedMessageError(f"{name} must be a decimal integer, got {raw!r}")
     return int(raw)

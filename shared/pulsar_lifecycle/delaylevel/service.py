@@ -131,7 +131,6 @@ class DelayLevelSyncerService:
         self.stop_event = threading.Event()
         self.forwarders: List[PartitionForwarder] = []
         self._publishers: List[DedupPublisher] = []
-        self._consumers: List[pulsar.Consumer] = []
         self._cancel_consumer: Optional[pulsar.Consumer] = None
         self._threads: List[threading.Thread] = []
         self.failure: Optional[BaseException] = None
@@ -230,10 +229,10 @@ class DelayLevelSyncerService:
         assert self._policy is not None
         topic = partition_topic(self.cfg.delay_level_topic, k)
         consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
-        forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event)
+        forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
+                                       resubscribe=lambda queue: self._subscribe(topic, queue))
         with self._grow_lock:
-            self._consumers.append(consumer)
-            self.forwarders.append(forwarder)
+            self.forwarders.append(forwarder)  # stop() closes its consumer
         return forwarder
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
@@ -451,7 +450,8 @@ class DelayLevelSyncerService:
             t.join(timeout_s)
         for fw in self.forwarders:
             fw.join(timeout_s)
-        for c in self._consumers + ([self._cancel_consumer] if self._cancel_consumer else []):
+        # Each forwarder's current consumer (the stall watchdog may have replaced the first one).
+        for c in [f.consumer for f in self.forwarders] + ([self._cancel_consumer] if self._cancel_consumer else []):
             try:
                 c.close()
             except Exception as exc:  # closing during a broker outage must not hide the real error
