@@ -21,6 +21,7 @@ import yaml
 
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.rule import ORIGIN_PARTITION_PROP
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
@@ -75,6 +76,37 @@ def localrun(config: Path, url: str, tmp_path: Path, name: str) -> subprocess.Po
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path)
 
 
+def read_forwards(tap: pulsar.Consumer) -> Dict[bytes, Tuple[int, str]]:
+    """payload -> (first publish time on the scheduling topic, source partition) of every forward."""
+    out: Dict[bytes, Tuple[int, str]] = {}
+    for _ in range(10 * N):  # bounded: at most a few copies of each message
+        try:
+            m = tap.receive(timeout_millis=2000)
+        except pulsar.Timeout:
+            break
+        tap.acknowledge(m)
+        origin = m.properties().get(ORIGIN_PARTITION_PROP, "near-term")
+        at = m.publish_timestamp()
+        if m.data() not in out or at < out[m.data()][0]:
+            out[m.data()] = (at, origin.rsplit("-", 1)[-1])
+    return out
+
+
+def explain(too_late: List[Tuple[bytes, int, int]], forwarded: Dict[bytes, Tuple[int, str]]) -> str:
+    """Which side the late ones were late on: forwarded after deliver-at - lookahead (syncer) or
+    released late after a timely forward (writer); per source partition."""
+    syncer: Dict[str, List[int]] = {}
+    writer: Dict[str, List[int]] = {}
+    for payload, deliver_at, _lateness in too_late:
+        fwd_at, part = forwarded.get(payload, (0, "?"))
+        side = syncer if fwd_at > deliver_at else writer  # the syncer's margin is the whole lookahead
+        side.setdefault(part, []).append(fwd_at - deliver_at)
+
+    def fmt(d: Dict[str, List[int]]) -> str:
+        return ", ".join(f"p{k}: {len(v)} (forward-deliver_at {min(v)}..{max(v)} ms)" for k, v in sorted(d.items()))
+    return f"late after a late forward (syncer): {fmt(syncer) or 'none'}; late after a timely forward (writer): {fmt(writer) or 'none'}"
+
+
 def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late(tmp_path, unique):
     wcfg, scfg, t = configs(tmp_path, unique)
     broker = EmbeddedBroker(data_dir=tmp_path / "broker")
@@ -84,6 +116,10 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     client = quiet_client(url)
     counter = client.subscribe(t["business"], "count", consumer_type=pulsar.ConsumerType.Shared,
                                initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
+    # Diagnosis of late messages: a second subscription on the scheduling topic, read at the end,
+    # tells when the syncer forwarded each one (the forward's publish time).
+    tap = client.subscribe(t["sched"], "tap", consumer_type=pulsar.ConsumerType.Shared,
+                           initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
     strategy = DelayLevelTopicPartitionStrategy(UNITS * UNIT_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
     producer = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
                                   strategy=strategy, max_pending_messages=5000)
@@ -93,6 +129,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     early: List[bytes] = []
     windows: List[Tuple[int, int]] = []  # kill downtime: [kill, restart + grace]
     failed: List[int] = []
+    forwarded: Dict[bytes, Tuple[int, str]] = {}
 
     def pump(seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -131,6 +168,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             windows.append((killed, now_ms() + RECOVERY_GRACE_MS))
         pump(max(0.0, (base + span_s * 1000 - now_ms()) / 1000.0) + 30)
         pump(3)  # a copy released late would show up here
+        forwarded = read_forwards(tap)
     finally:
         producer.close()
         for p in procs.values():
@@ -159,7 +197,12 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     # (producer batches <= half the receiver queue; a forwarder stall watchdog), which removed the
     # never-released partitions, but some runs still have ~2,300-2,700 messages up to 10-17 s late
     # right after a restart. Reported (a warning), not asserted, until that case is found too.
+    with open(tmp_path / "lateness.tsv", "w") as out:  # payload deliver_at lateness forwarded_at partition
+        for p, at, lat in late:
+            fwd = forwarded.get(p, (0, "?"))
+            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\n")
     if too_late:
+        print(explain(too_late, forwarded))
         warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; logs in {tmp_path}", stacklevel=2)
+                      f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs in {tmp_path}", stacklevel=2)
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages

@@ -51,10 +51,10 @@ class SyncerConfig:
         "The syncer's Shared subscription on every partition; default `<tenant>/<namespace>/<name>`.")
     producer_name: str = setting(
         'producerName', '',
-        'Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition); default `<tenant>/<namespace>/<name>-<instance>`.')
+        'Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition, the same whichever instance forwards k); default `<tenant>/<namespace>/<name>-0`.')
     instances: int = setting(
         'instances', 1,
-        "Set to the function's `parallelism`: instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing).",
+        "Fallback for the function's instance count where the runtime tells none (Pulsar's Python runtime tells it through its FunctionDetails `parallelism`, a Context with `get_num_instances()` directly): instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing).",
         minimum=1)
     dedup_snapshot_interval: int = setting(
         'dedupSnapshotInterval', 1000,

@@ -11,6 +11,7 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
+from ..assignment import AssignmentError, is_owned, owned_partitions
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
@@ -111,7 +112,8 @@ class DelayLevelSyncerService:
 
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
-                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms) -> None:
+                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms,
+                 num_instances: Optional[int] = None) -> None:
         self.cfg = cfg
         self.client = client
         self.subscription = subscription
@@ -122,12 +124,17 @@ class DelayLevelSyncerService:
         self.clock = clock
         self.strategy = cfg.strategy
         self.instance = instance
-        if not 0 <= instance < cfg.instances:
-            raise ConfigError(f"instance id {instance} is outside userConfig instances={cfg.instances}: set `instances` "
-                              "to the function's parallelism")
-        # Instance i forwards partitions k with k % instances == i: one consumer per partition keeps
-        # a partition's sequence ids increasing (two consumers would interleave and lose dedup).
-        self.owned = [k for k in range(self.strategy.partitions) if k % cfg.instances == instance]
+        # The function's instance count (wiring reads it from the Context); userConfig `instances`
+        # only where the runtime tells none.
+        self.num_instances = cfg.instances if num_instances is None else num_instances
+        # Instance i forwards the partitions `assignment.owned_partitions` gives it (k % n == i):
+        # one consumer per partition keeps a partition's sequence ids increasing (two consumers
+        # would interleave and lose dedup). Discovered partitions follow the same rule.
+        try:
+            self.owned = owned_partitions(range(self.strategy.partitions), instance, self.num_instances)
+        except AssignmentError as exc:
+            raise ConfigError(f"{exc}: the syncer's instance count comes from the Context "
+                              "(or userConfig `instances` where the runtime tells none)") from exc
         self.stop_event = threading.Event()
         self.forwarders: List[PartitionForwarder] = []
         self._publishers: List[DedupPublisher] = []
@@ -195,7 +202,7 @@ class DelayLevelSyncerService:
                 self._take_checkpoint()  # before the first forward: every later one is after it
                 self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
             # Every instance reads every cancel (its own subscription) and applies those of its partitions.
-            cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
+            cancel_sub = self.subscription if self.num_instances == 1 else f"{self.subscription}-{self.instance}"
             self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
         except BaseException:
             self.stop()
@@ -237,8 +244,14 @@ class DelayLevelSyncerService:
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
 
+    @property
+    def _trail_key(self) -> str:
+        # The state is shared by the instances (partition-scoped keys); the trail is each
+        # instance's own (instance 0 keeps the single-instance key).
+        return TRAIL_KEY if self.instance == 0 else f"{TRAIL_KEY}/{self.instance}"
+
     def _load_trail(self) -> None:
-        raw = self.state.get(TRAIL_KEY)
+        raw = self.state.get(self._trail_key)
         if raw:
             try:
                 self.trail = ForwardTrail.from_bytes(raw, self.trail.retention_ms, self.trail.max_checkpoints)
@@ -252,7 +265,7 @@ class DelayLevelSyncerService:
         end = last_position(self.client, self._policy.near_term_topic)
         claimed = {f.k: f.claimed for f in list(self.forwarders)}
         self.trail.add(Checkpoint(self.clock(), (end.ledger_id, end.entry_id) if end else None, claimed))
-        self.state.put(TRAIL_KEY, self.trail.to_bytes())
+        self.state.put(self._trail_key, self.trail.to_bytes())
 
     def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int) -> str:
         """Follow a cancel whose parked message was already forwarded into the writer's index:
@@ -307,7 +320,7 @@ class DelayLevelSyncerService:
                     self.partitions = k + 1
                     self.state.put(PARTITIONS_KEY, str(self.partitions).encode())
                     found.append(k)
-                    owned = k % self.cfg.instances == self.instance
+                    owned = is_owned(k, self.instance, self.num_instances)
                     log.info("event=delay_level_partition_discovered topic=%s partition=%d partitions=%d owned=%s",
                              self.cfg.delay_level_topic, k, self.partitions, owned)
                     if owned and not self.stop_event.is_set():

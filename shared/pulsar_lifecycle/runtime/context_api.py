@@ -27,3 +27,18 @@ def pulsar_client(context: Any) -> Any:
             f"(context type {type(context).__name__}); pulsar-lifecycle needs Pulsar {MIN_PULSAR_VERSION} or newer "
             f"(apache/pulsar#18739), or run it with `pulsar-lifecycle localrun`")
     return get()
+
+
+def instance_count(context: Any, configured: int = 1) -> int:
+    """How many instances of this function run (its `parallelism`).
+
+    Pulsar's Java Context has `getNumInstances()`; its Python ContextImpl has no such method but
+    keeps the FunctionDetails (`instance_config.function_details.parallelism`). So: the context's
+    `get_num_instances()` where it exists, else the FunctionDetails' parallelism, else
+    `configured` (a userConfig fallback for runtimes that expose neither)."""
+    get = getattr(context, "get_num_instances", None)
+    if callable(get):
+        return int(get())
+    details = getattr(getattr(context, "instance_config", None), "function_details", None)
+    parallelism = int(getattr(details, "parallelism", 0) or 0)
+    return parallelism if parallelism > 0 else configured
