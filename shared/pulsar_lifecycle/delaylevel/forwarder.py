@@ -22,7 +22,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
+from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from .errors import ParkedMessageError
 from .rule import (
@@ -55,6 +55,9 @@ BLIND_WAIT_S = 2.0
 STALL_CHECK_MAX_S = 60.0
 BLIND_RESUBSCRIBES = 3
 MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
+# Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
+# batch's confirmation): hides the broker's round trip without acking anything early.
+PIPELINE_DEPTH = 1
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,18 @@ class _Held:
 
 
 @dataclass
+class _InFlight:
+    """A batch sent to one topic and not yet confirmed: acked once `last_seq` is persisted."""
+
+    topic: str
+    last_seq: int  # highest sequence id of the batch (the publisher's watermark must pass it)
+    claimed: int  # the forwarder's claim when it was sent (`done` moves there once it is acked)
+    held: List[_Held]
+    kinds: List[str]  # per message "forward" | "dead-letter", counted once confirmed
+    outcomes: List[Outcome]
+
+
+@dataclass
 class _Pending:
     """A cancel waiting for its target; `ack` acknowledges the cancel request."""
 
@@ -123,6 +138,7 @@ class PartitionForwarder:
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
+        self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
         # Stall watchdog state (see STALL_CHECK_S): `resubscribe` opens a new consumer on the
         # partition's subscription; None turns the watchdog off.
@@ -213,8 +229,13 @@ class PartitionForwarder:
 
     def _step(self) -> None:
         if not self._held:
-            msg = self._receive(IDLE_WAIT_MS)
+            # With a batch in flight, only look for more without waiting: an idle partition
+            # confirms and acks what it sent first.
+            msg = self._receive(1 if self._inflight else IDLE_WAIT_MS)
             if msg is None:
+                if self._inflight:
+                    self._settle(0)
+                    return
                 self.stats.next_forward_at = 0
                 self._watch_for_stall()
                 return
@@ -227,6 +248,9 @@ class PartitionForwarder:
         self.stats.next_forward_at = due
         wait_ms = due - self.policy.clock()
         if wait_ms > 0:
+            if self._inflight:
+                self._settle(0)  # nothing stays unconfirmed and unacked while the head waits
+                return
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
@@ -320,6 +344,15 @@ class PartitionForwarder:
                     groups[-1][1].append(out)
                 else:
                     groups.append((topic, [out]))
+        if len(groups) == 1 and not dropped and not not_found:
+            # The common case: one topic, nothing cancelled. Send it and confirm the batches
+            # before it (pipelined); this one is acked once the publisher's watermark passes it.
+            topic, msgs = groups[0]
+            outcomes = self.publisher.publish_many(topic, msgs)
+            self._inflight.append(_InFlight(topic, msgs[-1].sequence_id, self._claimed, batch, kinds, outcomes))
+            self._settle(PIPELINE_DEPTH)
+            return
+        self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []
         for topic, msgs in groups:
             outcomes += self.publisher.publish_many(topic, msgs)
@@ -342,6 +375,22 @@ class PartitionForwarder:
         for pending in not_found:
             pending.ack()
         self._done = max(self._done, self._claimed)
+        self._count(kinds, outcomes)
+
+    def _settle(self, keep: int) -> None:
+        """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
+        then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
+        ack = self.consumer.acknowledge
+        while len(self._inflight) > keep:
+            batch = self._inflight[0]
+            self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
+            self._inflight.popleft()
+            for held in batch.held:
+                ack(held.msg)
+            self._done = max(self._done, batch.claimed)
+            self._count(batch.kinds, batch.outcomes)
+
+    def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1
