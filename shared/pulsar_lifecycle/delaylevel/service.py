@@ -11,10 +11,10 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..assignment import AssignmentError, is_owned, owned_partitions
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
+from ..partition_assignment import assign_partitions
 from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
 from ..timing.delayed_producer import DelayedProducer
@@ -124,17 +124,16 @@ class DelayLevelSyncerService:
         self.clock = clock
         self.strategy = cfg.strategy
         self.instance = instance
-        # The function's instance count (wiring reads it from the Context); userConfig `instances`
-        # only where the runtime tells none.
+        # The function's instance count: wiring reads it from the Context; userConfig `instances`
+        # only for a service built without one.
         self.num_instances = cfg.instances if num_instances is None else num_instances
-        # Instance i forwards the partitions `assignment.owned_partitions` gives it (k % n == i):
-        # one consumer per partition keeps a partition's sequence ids increasing (two consumers
-        # would interleave and lose dedup). Discovered partitions follow the same rule.
+        # Instance i forwards the partitions `assign_partitions` gives it (k % n == i): one
+        # consumer per partition keeps a partition's sequence ids increasing (two consumers would
+        # interleave and lose dedup). Discovered partitions follow the same rule (`_owns`).
         try:
-            self.owned = owned_partitions(range(self.strategy.partitions), instance, self.num_instances)
-        except AssignmentError as exc:
-            raise ConfigError(f"{exc}: the syncer's instance count comes from the Context "
-                              "(or userConfig `instances` where the runtime tells none)") from exc
+            self.owned = list(assign_partitions(self.strategy.partitions, instance, self.num_instances))
+        except ValueError as exc:
+            raise ConfigError(f"syncer instance {instance} of {self.num_instances}: {exc}") from exc
         self.stop_event = threading.Event()
         self.forwarders: List[PartitionForwarder] = []
         self._publishers: List[DedupPublisher] = []
@@ -320,7 +319,7 @@ class DelayLevelSyncerService:
                     self.partitions = k + 1
                     self.state.put(PARTITIONS_KEY, str(self.partitions).encode())
                     found.append(k)
-                    owned = is_owned(k, self.instance, self.num_instances)
+                    owned = k in assign_partitions(k + 1, self.instance, self.num_instances)
                     log.info("event=delay_level_partition_discovered topic=%s partition=%d partitions=%d owned=%s",
                              self.cfg.delay_level_topic, k, self.partitions, owned)
                     if owned and not self.stop_event.is_set():

@@ -1,9 +1,10 @@
 """Wiring DelayLevelSyncer from its Context: config, state, admin view, service."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
-from ..runtime.context_api import instance_count, pulsar_client
+from ..runtime.context_api import num_instances, pulsar_client
 from ..scheduler.context_state import ContextStateStore
 from .admin import AdminView
 from .config import parse_syncer_config
@@ -11,12 +12,18 @@ from .service import DelayLevelSyncerService
 
 __all__ = ["build_syncer"]
 
+log = logging.getLogger(__name__)
+
 
 def build_syncer(context: Any) -> DelayLevelSyncerService:
     """Everything the function needs, built from userConfig and the function's identity; started."""
     cfg = parse_syncer_config(dict(context.get_user_config_map() or {}))
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     instance = int(context.get_instance_id())
+    count = num_instances(context)  # the runtime's parallelism; userConfig `instances` is not needed
+    if cfg.instances not in (1, count):
+        log.warning("event=delay_level_instances_ignored configured=%d runtime=%d reason='the instance count "
+                    "comes from the Context (FunctionDetails.parallelism)'", cfg.instances, count)
     admin = AdminView.connect(cfg.pulsar_admin_url, cfg.target_cache_seconds) if cfg.pulsar_admin_url else None
     # Forward publishers and their dedup snapshots are named per PARTITION, never per instance:
     # whichever instance owns partition k after a parallelism change or a restart elsewhere
@@ -29,5 +36,5 @@ def build_syncer(context: Any) -> DelayLevelSyncerService:
         producer_prefix=cfg.producer_name or f"{fqfn}-0",
         state=ContextStateStore(context, prefix="dl/0/"),
         record_metric=context.record_metric, admin=admin, instance=instance,
-        num_instances=instance_count(context, cfg.instances))
+        num_instances=count)
     return service.start()

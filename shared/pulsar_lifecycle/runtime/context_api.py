@@ -29,16 +29,18 @@ def pulsar_client(context: Any) -> Any:
     return get()
 
 
-def instance_count(context: Any, configured: int = 1) -> int:
+def num_instances(context: Any) -> int:
     """How many instances of this function run (its `parallelism`).
 
-    Pulsar's Java Context has `getNumInstances()`; its Python ContextImpl has no such method but
-    keeps the FunctionDetails (`instance_config.function_details.parallelism`). So: the context's
-    `get_num_instances()` where it exists, else the FunctionDetails' parallelism, else
-    `configured` (a userConfig fallback for runtimes that expose neither)."""
+    Java's Context has getNumInstances(); Python's declares no such method, but Pulsar's
+    ContextImpl keeps `instance_config.function_details` (FunctionDetails.parallelism). The local
+    runner's context has get_num_instances(). 1 when neither exists: callers that split work by
+    it must stay safe when it is wrong (the writer's partition leases make a wrong count cost
+    waiting, never two owners).
+    """
     get = getattr(context, "get_num_instances", None)
     if callable(get):
-        return int(get())
+        return max(1, int(get()))
     details = getattr(getattr(context, "instance_config", None), "function_details", None)
-    parallelism = int(getattr(details, "parallelism", 0) or 0)
-    return parallelism if parallelism > 0 else configured
+    parallelism = getattr(details, "parallelism", 0)
+    return max(1, int(parallelism or 1))
