@@ -34,6 +34,7 @@ from .rule import (
     forward_at,
     parse_parked,
     sequence_id,
+    source_position,
 )
 
 log = logging.getLogger(__name__)
@@ -48,10 +49,12 @@ MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (
 FLUSH_TIMEOUT_S = 120.0
 # Stall watchdog (pulsar-lite): an idle consumer checks (at its first idle receive after a
 # message, then with a backoff from STALL_CHECK_S to STALL_CHECK_MAX_S) whether the partition holds
-# messages beyond the last one it received, and re-subscribes if so; before it received anything
-# (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
+# messages beyond the last one it received (or, after a restart, the last one forwarded: first
+# check KNOWN_WAIT_S after the start), and re-subscribes if so; when nothing was ever forwarded
+# from it (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
 STALL_CHECK_S = 0.5
 BLIND_WAIT_S = 2.0
+KNOWN_WAIT_S = 1.0  # first check after a start when the last forwarded position is known
 STALL_CHECK_MAX_S = 60.0
 BLIND_RESUBSCRIBES = 3
 MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
@@ -143,9 +146,12 @@ class PartitionForwarder:
         # Stall watchdog state (see STALL_CHECK_S): `resubscribe` opens a new consumer on the
         # partition's subscription; None turns the watchdog off.
         self._resubscribe = resubscribe
-        self._last_seen: Optional[Tuple[int, int]] = None  # (ledger, entry) of the last message received
+        # (ledger, entry) of the last message received; after a restart, of the last one this
+        # partition's publisher forwarded (its sequence id is the source position): anything
+        # beyond it in the partition is still to be forwarded, so an idle consumer is stalled.
+        self._last_seen: Optional[Tuple[int, int]] = source_position(self._claimed)[:2] if self._claimed > 0 else None
         self._check_interval = STALL_CHECK_S
-        self._next_check = time.monotonic() + BLIND_WAIT_S
+        self._next_check = time.monotonic() + (BLIND_WAIT_S if self._last_seen is None else KNOWN_WAIT_S)
         self._blind = 0
         self.resubscribed = 0
         self._queue = receiver_queue_size or policy.receiver_queue_size or 200  # the current consumer's queue
