@@ -41,6 +41,9 @@ WRITER_TICK_MS = 200
 BOUND_MS = LOOKAHEAD_MS + WRITER_TICK_MS
 # After a restart the process needs this long to be serving again (start, recovery, first tick).
 RECOVERY_GRACE_MS = 6000
+# Diagnosis: the functions' log level (their logs are in the test's tmp_path) and the broker's.
+LOG_LEVEL = os.environ.get("DL_CRASH_LOG_LEVEL", "WARNING")
+BROKER_LOG_LEVEL = os.environ.get("DL_CRASH_BROKER_LOG_LEVEL", "warn")
 
 
 def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
@@ -70,7 +73,7 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
 def localrun(config: Path, url: str, tmp_path: Path, name: str) -> subprocess.Popen:
     with open(tmp_path / f"{name}.log", "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
+            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", LOG_LEVEL, "localrun",
              "--function-config-file", str(config), "--broker-service-url", url,
              "--data-dir", str(tmp_path / f"data-{name}")],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path)
@@ -109,7 +112,7 @@ def explain(too_late: List[Tuple[bytes, int, int]], forwarded: Dict[bytes, Tuple
 
 def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late(tmp_path, unique):
     wcfg, scfg, t = configs(tmp_path, unique)
-    broker = EmbeddedBroker(data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(data_dir=tmp_path / "broker", log_level=BROKER_LOG_LEVEL)
     broker.start()
     url = broker.service_url
     procs = {"writer": localrun(wcfg, url, tmp_path, "writer"), "syncer": localrun(scfg, url, tmp_path, "syncer")}
@@ -130,6 +133,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     windows: List[Tuple[int, int]] = []  # kill downtime: [kill, restart + grace]
     failed: List[int] = []
     forwarded: Dict[bytes, Tuple[int, str]] = {}
+    due: Dict[bytes, int] = {}  # payload -> deliver_at as sent
 
     def pump(seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -152,8 +156,10 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
         time.sleep(3)
         base = now_ms()
         for i in range(N):
+            delay = rng.randint(0, UNITS * UNIT_S * 1000)
+            due[f"m{i}".encode()] = now_ms() + delay
             producer.send_async(f"m{i}".encode(), lambda res, _id, i=i: res == pulsar.Result.Ok or failed.append(i),
-                                delay_ms=rng.randint(0, UNITS * UNIT_S * 1000))
+                                delay_ms=delay)
         producer.flush()
         assert not failed, f"{len(failed)} sends failed"
         span_s = UNITS * UNIT_S
@@ -168,8 +174,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             windows.append((killed, now_ms() + RECOVERY_GRACE_MS))
         pump(max(0.0, (base + span_s * 1000 - now_ms()) / 1000.0) + 30)
         pump(3)  # a copy released late would show up here
-        forwarded = read_forwards(tap)
     finally:
+        forwarded = read_forwards(tap)
         producer.close()
         for p in procs.values():
             p.send_signal(signal.SIGINT)
@@ -179,7 +185,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             except subprocess.TimeoutExpired:
                 p.kill()
         client.close()
-        broker.stop(remove_data=True)
+        broker.stop(remove_data=BROKER_LOG_LEVEL == "warn")  # a diagnosis keeps the broker's log
     expected = {f"m{i}".encode() for i in range(N)}
     missing = expected - set(seen)
     twice = {k: len(v) for k, v in seen.items() if len(v) > 1}
@@ -189,7 +195,16 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     print(f"\nDL crash: n={N} unit={UNIT_S}s released={len(seen)} outside-downtime={len(outside)} "
           f"worst lateness outside downtime={worst} ms (bound {BOUND_MS} ms); "
           f"worst overall={max((x[2] for x in late), default=0)} ms; windows={[(a - base, b - base) for a, b in windows]}")
-    assert not missing, f"{len(missing)} never released, e.g. {sorted(missing)[:5]}; logs in {tmp_path}"
+    with open(tmp_path / "lateness.tsv", "w") as out:  # payload deliver_at lateness forwarded_at partition
+        for p, at, lat in late:
+            fwd = forwarded.get(p, (0, "?"))
+            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\n")
+        for p in sorted(missing):  # never released: lateness -1
+            fwd = forwarded.get(p, (0, "?"))
+            out.write(f"{p.decode()}\t{due[p]}\t-1\t{fwd[0]}\t{fwd[1]}\n")
+    unforwarded = sorted(p for p in missing if p not in forwarded)
+    assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
+                         f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
     assert not twice, f"{len(twice)} released more than once, e.g. {list(twice.items())[:5]}"
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
     # The bound is NOT yet met reliably (issue 11 stays open): a pulsar-lite permit stall after
@@ -197,10 +212,6 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     # (producer batches <= half the receiver queue; a forwarder stall watchdog), which removed the
     # never-released partitions, but some runs still have ~2,300-2,700 messages up to 10-17 s late
     # right after a restart. Reported (a warning), not asserted, until that case is found too.
-    with open(tmp_path / "lateness.tsv", "w") as out:  # payload deliver_at lateness forwarded_at partition
-        for p, at, lat in late:
-            fwd = forwarded.get(p, (0, "?"))
-            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\n")
     if too_late:
         print(explain(too_late, forwarded))
         warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
