@@ -109,6 +109,14 @@ class WriterConfig:
         'snapshotDeletionSendDelaySeconds', _WORKER['send_delay_seconds'],
         'Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself.',
         minimum=0)
+    scheduling_topic_partitions: int = setting(
+        'schedulingTopicPartitions', 0,
+        "Partitions of `schedulingTopic` (a partitioned topic; partitions are addressed by name, `<topic>-partition-<k>`). 0 = not partitioned: one writer instance owns the whole topic. With N > 0 instance i of the function's `parallelism` owns the partitions k with k % parallelism == i, each with its own index (`<snapshotDir>/partition-<k>` or the table prefix `bucket/partition-<k>/`), dedup producer, watermark and lease (docs/scaling.md). Needs direct intake, and the scheduling topic must then not be a function input.",
+        minimum=0)
+    partition_lease_seconds: int = setting(
+        'partitionLeaseSeconds', 30,
+        "With schedulingTopicPartitions: how long a partition's lease lasts without renewal (renewed every third of it). A new owner takes a partition when its lease is released, expired, or its holder's process is gone (directory store); a paused old owner is fenced by the lease epoch (docs/scaling.md).",
+        minimum=1)
     bucket: BucketConfig = field(default_factory=BucketConfig)
 
     @property
