@@ -188,3 +188,30 @@ def test_keeper_reports_a_take_over(tmp_path):
     keeper.close()  # does not release the thief's lease
     thief.check(thief.current())
     thief.close()
+
+
+# -- config checks and the instance count ----------------------------------------------------------
+
+
+def test_validate_partitioned_writer_inputs():
+    from pulsar_lifecycle.scheduler.config import check_writer_inputs
+
+    sched, ticks = "persistent://public/default/s", "persistent://public/default/t"
+    base = {"name": "w", "userConfig": {"schedulingTopic": sched, "tickTopic": ticks, "schedulingTopicPartitions": 4}}
+    assert check_writer_inputs(dict(base, inputs=[ticks])) == []
+    problems = check_writer_inputs(dict(base, inputs=[ticks, sched]))
+    assert any("must not be a function input" in p for p in problems), problems
+    bk = dict(base, inputs=[ticks], userConfig=dict(base["userConfig"], snapshotStorage="bookkeeper"))
+    assert any("snapshotStorage=directory" in p for p in check_writer_inputs(bk))
+
+
+def test_num_instances_from_each_context_kind():
+    from types import SimpleNamespace
+
+    from pulsar_lifecycle.runtime.context_api import num_instances
+
+    assert num_instances(SimpleNamespace(get_num_instances=lambda: 3)) == 3
+    # Pulsar's ContextImpl: FunctionDetails.parallelism of its instance_config.
+    details = SimpleNamespace(parallelism=5)
+    assert num_instances(SimpleNamespace(instance_config=SimpleNamespace(function_details=details))) == 5
+    assert num_instances(SimpleNamespace()) == 1

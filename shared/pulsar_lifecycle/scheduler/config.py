@@ -12,6 +12,7 @@ from ..config.settings import (
     read_setting,
     setting,
     settings_of,
+    to_int,
     to_str,
     user_config_keys,
 )
@@ -218,6 +219,19 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
             problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
                             f"({subscription or fqfn!r}) must be the function's subscription "
                             f"({function_sub!r}), or the two consumers get every message each")
+    try:
+        partitions = int(read_setting(known, "schedulingTopicPartitions", to_int, 0))
+    except ConfigError:
+        partitions = 0  # a bad value: reported once, by the registry's value check
+    if partitions > 0:
+        if not sched:
+            problems.append("userConfig schedulingTopicPartitions needs direct intake: set schedulingTopic")
+        elif sched in [normalize_topic(t) for t in inputs]:
+            problems.append(f"userConfig schedulingTopicPartitions={partitions}: the scheduling topic {sched} must not "
+                            "be a function input (each owned partition has its own consumer); inputs: tickTopic only")
+        if text("snapshotStorage") == "bookkeeper":
+            problems.append("userConfig schedulingTopicPartitions needs snapshotStorage=directory: partition leases "
+                            "on the BookKeeper table service are not implemented yet (docs/scaling.md)")
     try:
         scheduling_input(inputs, topics)
     except (ValueError, TypeError) as exc:

@@ -16,7 +16,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..bucket.storage.lease import LeaseBusyError
-from ..dedup.publisher import DedupPublisher, OutMessage
+from ..dedup.publisher import DedupPublisher
 from .config import WriterConfig
 from .service import Pending, SchedulerService
 
@@ -43,10 +43,10 @@ class FencedPublisher:
         self._check()
         return self.inner.publish_many(topic, messages)
 
-    def publish(self, topic: str, message: OutMessage, *args: Any, **kwargs: Any) -> Any:
+    def publish(self, topic: str, *args: Any, **kwargs: Any) -> Any:
         """Check the lease, then DedupPublisher.publish."""
         self._check()
-        return self.inner.publish(topic, message, *args, **kwargs)
+        return self.inner.publish(topic, *args, **kwargs)
 
 
 class PartitionedWriter:
