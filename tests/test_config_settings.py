@@ -148,3 +148,14 @@ def test_validate_reports_values_with_the_same_converters():
     assert checks["example_function.ExampleFunction"]({"userConfig": {"countProcessed": "maybe"}}) == \
         ["userConfig countProcessed must be true or false, got 'maybe'"]
     assert checks["example_function.ExampleFunction"]({"userConfig": {"countProcessed": "FALSE"}}) == []
+
+
+def test_user_config_json_is_read_once():
+    # `--user-config` of localrun, the Spark jobs and the local Context: one reader.
+    from pulsar_lifecycle.config.settings import user_config_from_json
+
+    assert user_config_from_json('{"tickTimeMillis": 5.0}') == {"tickTimeMillis": 5.0}
+    with pytest.raises(ConfigError, match="--user-config must be a JSON object, got list"):
+        user_config_from_json("[1]")
+    with pytest.raises(ConfigError, match="--user-config is not valid JSON"):
+        user_config_from_json("{x")

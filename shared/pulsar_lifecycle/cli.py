@@ -1,7 +1,6 @@
 """`pulsar-lifecycle`: local run mode, config validation, packaging and operator tools."""
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import sys
@@ -10,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
+from .config.settings import ConfigError, user_config_from_json
 from .logging_setup import setup_logging
 
 
@@ -59,12 +59,9 @@ def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:
     if raw is None:
         return None
     try:
-        value = json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--user-config") from exc
-    if not isinstance(value, dict):
-        raise click.BadParameter("must be a JSON object", param_hint="--user-config")
-    return value
+        return user_config_from_json(raw)
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc).replace("--user-config ", "", 1), param_hint="--user-config") from exc
 
 
 @main.command()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, TypeVar
 
@@ -27,7 +28,7 @@ from .exceptions import ConfigError
 
 __all__ = [
     "ConfigError", "Setting", "check_settings", "defaults_of", "parse_settings", "read_setting", "setting", "settings_of", "to_bool",
-    "to_int", "to_str", "to_str_list", "unknown_key_error", "user_config_keys",
+    "to_int", "to_str", "to_str_list", "unknown_key_error", "user_config_from_json", "user_config_keys",
 ]
 
 T = TypeVar("T")
@@ -94,6 +95,17 @@ def to_str_list(key: str, value: Any) -> Tuple[str, ...]:
         if item.strip():
             out.append(item.strip())
     return tuple(out)
+
+
+def user_config_from_json(text: str) -> Dict[str, Any]:
+    """The `--user-config '{json}'` of the CLI commands: a JSON object, else a ConfigError."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--user-config is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ConfigError(f"--user-config must be a JSON object, got {type(value).__name__}")
+    return value
 
 
 def read_setting(user_config: Optional[Mapping[str, Any]], key: str, convert: Converter, default: Any) -> Any:

@@ -1,7 +1,6 @@
 """A Context with the whole API of Pulsar's Python ContextImpl, for the local run mode."""
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -10,6 +9,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 
 import pulsar
 
+from ..config.settings import user_config_from_json
 from ..state.base import StateStore
 from ..topics import strip_partition
 from .classloader import import_class
@@ -256,8 +256,5 @@ def parse_user_config(raw: Any) -> Dict[str, Any]:
     if raw is None or raw == "":
         return {}
     if isinstance(raw, str):
-        value = json.loads(raw)
-        if not isinstance(value, dict):
-            raise ValueError(f"--user-config must be a JSON object, got {type(value).__name__}")
-        return value
+        return user_config_from_json(raw)
     return dict(raw)

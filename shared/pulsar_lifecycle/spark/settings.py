@@ -2,12 +2,12 @@
 and the intake checks, read from the writer's own function config (and --user-config)."""
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Dict, Optional, Tuple
 
 from ..bucket.config import BucketConfig
 from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
+from ..config.settings import ConfigError, user_config_from_json
 from ..scheduler.config import parse_writer_config, scheduling_input
 from .backlog import ClassifyOptions
 from .errors import SparkJobError
@@ -26,12 +26,9 @@ def writer_settings(config_file: Optional[str], user_config: Optional[str],
     user = dict(cfg.get("userConfig") or {})
     if user_config:
         try:
-            extra = json.loads(user_config)
-        except json.JSONDecodeError as exc:
-            raise SparkJobError(f"--user-config is not valid JSON: {exc}") from exc
-        if not isinstance(extra, dict):
-            raise SparkJobError("--user-config must be a JSON object")
-        user.update(extra)
+            user.update(user_config_from_json(user_config))
+        except ConfigError as exc:
+            raise SparkJobError(str(exc)) from exc
     topic = cursor = ""
     try:
         if cfg:
