@@ -355,7 +355,9 @@ class PartitionForwarder:
             # before it (pipelined); this one is acked once the publisher's watermark passes it.
             topic, msgs = groups[0]
             outcomes = self.publisher.publish_many(topic, msgs)
-            self._inflight.append(_InFlight(topic, msgs[-1].sequence_id, self._claimed, batch, kinds, outcomes))
+            # The highest id, not the last: a message redelivered out of order can end a batch.
+            last = max(m.sequence_id for m in msgs)
+            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes))
             self._settle(PIPELINE_DEPTH)
             return
         self._settle(0)  # keep `done` a prefix: older batches are acked first
