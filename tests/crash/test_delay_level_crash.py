@@ -45,6 +45,7 @@ RECOVERY_GRACE_MS = 6000
 # Diagnosis: the functions' log level (their logs are in the test's tmp_path) and the broker's.
 LOG_LEVEL = os.environ.get("DL_CRASH_LOG_LEVEL", "WARNING")
 BROKER_LOG_LEVEL = os.environ.get("DL_CRASH_BROKER_LOG_LEVEL", "warn")
+PY_SPY = os.environ.get("DL_CRASH_PY_SPY", "")  # a py-spy binary: dump each process's threads before its kill
 
 
 def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
@@ -168,6 +169,11 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
         t0 = time.monotonic()
         for name, at in kills:
             pump(max(0.0, at - (time.monotonic() - t0)))
+            if PY_SPY:
+                with open(tmp_path / f"{name}.log", "ab") as log:
+                    log.write(f"--- py-spy dump before the kill at {now_ms() - base} ms\n".encode())
+                    log.flush()
+                    subprocess.run([PY_SPY, "dump", "--pid", str(procs[name].pid)], stdout=log, stderr=log, timeout=30)
             killed = now_ms()
             procs[name].send_signal(signal.SIGKILL)
             procs[name].wait(timeout=10)
