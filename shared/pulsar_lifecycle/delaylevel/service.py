@@ -32,6 +32,8 @@ __all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_pa
 
 PARTITIONS_KEY = "delay-level/partitions"
 TRAIL_KEY = "delay-level/forward-trail"
+STARTS_KEY = "delay-level/starts"  # /<instance>: how often it started (rotates the subscribe order)
+CANCELS = -1  # the cancel consumer's key beside the partition numbers
 FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for its publish to finish
 SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
@@ -194,15 +196,14 @@ class DelayLevelSyncerService:
             # each recovery probes the topic's end (about 0.5 s on an idle topic).
             with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
                 publishers = list(pool.map(self._open_publisher, self.owned))
+            consumers = self._subscribe_rotated()
             for k, publisher in zip(self.owned, publishers):
-                self._add_forwarder(k, publisher)
+                self._add_forwarder(k, publisher, consumers[k])
+            self._cancel_consumer = consumers[CANCELS]
             if self._policy.near_term_topic is not None:
                 self._load_trail()
                 self._take_checkpoint()  # before the first forward: every later one is after it
                 self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
-            # Every instance reads every cancel (its own subscription) and applies those of its partitions.
-            cancel_sub = self.subscription if self.num_instances == 1 else f"{self.subscription}-{self.instance}"
-            self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
         except BaseException:
             self.stop()
             raise
@@ -231,10 +232,46 @@ class DelayLevelSyncerService:
             publisher.open(self._policy.near_term_topic)
         return publisher
 
-    def _add_forwarder(self, k: int, publisher: DedupPublisher) -> PartitionForwarder:
+    def _subscribe_rotated(self) -> Dict[int, pulsar.Consumer]:
+        """The partition consumers and the cancel consumer (key CANCELS), subscribed one after
+        the other in an order rotated by one at every start.
+
+        Why (pulsar-lite only): it keys a subscription's consumers by the consumer id the client
+        picks (a per-client counter), and after a SIGKILL that resets the connection it keeps the
+        dead process's consumers for a long time; a new consumer with the same id on the same
+        subscription is refused ("Consumer N already exists") and the client retries until its
+        operation timeout, so a restarted syncer that subscribed in the same order as its
+        predecessor hung in start() (docs/delay-levels.md, "Lateness after a crash"). Rotating the
+        order gives each subscription another id than at the last starts; real Pulsar scopes
+        consumer ids per connection and needs none of this."""
+        key = f"{STARTS_KEY}/{self.instance}"
+        raw = self.state.get(key)
+        starts = int(raw.decode()) + 1 if raw else 1
+        self.state.put(key, str(starts).encode())
+        cfg = self.cfg
+        # Every instance reads every cancel (its own subscription) and applies those of its partitions.
+        cancel_sub = self.subscription if self.num_instances == 1 else f"{self.subscription}-{self.instance}"
+        keys = list(self.owned) + [CANCELS]
+        shift = starts % len(keys)
+        consumers: Dict[int, pulsar.Consumer] = {}
+        try:
+            for key in keys[shift:] + keys[:shift]:
+                if key == CANCELS:
+                    consumers[key] = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
+                else:
+                    consumers[key] = self._subscribe(partition_topic(cfg.delay_level_topic, key), cfg.receiver_queue_size)
+        except BaseException:
+            for c in consumers.values():
+                c.close()
+            raise
+        return consumers
+
+    def _add_forwarder(self, k: int, publisher: DedupPublisher,
+                       consumer: Optional[pulsar.Consumer] = None) -> PartitionForwarder:
         assert self._policy is not None
         topic = partition_topic(self.cfg.delay_level_topic, k)
-        consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
+        if consumer is None:
+            consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
                                        resubscribe=lambda queue: self._subscribe(topic, queue))
         with self._grow_lock:
