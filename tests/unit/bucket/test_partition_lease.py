@@ -89,6 +89,7 @@ def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     old_store = FencedSnapshotStorage(DirectorySnapshotStorage(root), old_leases, old)
     old_store.put_cursor(b"c1")
     old_store.journal_append(b"r1")
+    snap = old_store.create_snapshot(b"m0", [b"s0"], "k", "t", "c")
 
     new_leases = DirectoryLease(root, clock=clock)  # its own owner.lock: the old one is "alive"
     with pytest.raises(LeaseBusyError):
@@ -101,14 +102,15 @@ def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
 
     # The old owner wakes up: every write and every release check is refused, nothing changed.
     for write in (lambda: old_store.put_cursor(b"stale"), lambda: old_store.journal_append(b"stale"),
-                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(1),
+                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(snap),
                   lambda: old_store.create_snapshot(b"m", [b"s"], "k", "t", "c"),
                   lambda: old_leases.check(old), lambda: old_leases.renew(old, 5000)):
         with pytest.raises(LeaseLostError):
             write()
     assert new_store.get_cursor() == b"c1"
     assert [p for _, p in new_store.journal_read()] == [b"r1"]
-    assert new_store.list_snapshots() == []
+    assert new_store.list_snapshots() == [snap]
+    assert new_store.get_metadata(snap) == b"m0"
     new_store.put_cursor(b"c2")
     # A release by the fenced owner leaves the new lease alone.
     old_leases.release(old)
@@ -190,6 +192,54 @@ def test_keeper_reports_a_take_over(tmp_path):
     thief.close()
 
 
+# -- the BookKeeper table service store (local gRPC server) ----------------------------------------
+
+
+def test_bookkeeper_paused_owner_is_fenced_by_txn(tmp_path):
+    """Same scenario on the table service: takes and writes are Txns guarded by the epoch key."""
+    from pulsar_lifecycle.bucket.storage import bookkeeper_partition_storage
+    from pulsar_lifecycle.bucket.storage.bookkeeper_lease import BookKeeperLease
+    from pulsar_lifecycle.state.bk_table import BookKeeperTable
+    from servers.bk_table_server import start_table_server
+
+    with start_table_server() as server:
+        old_store, old_leases, old = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "old", 500)
+        old_fenced = FencedSnapshotStorage(old_store, old_leases, old)
+        old_fenced.put_cursor(b"c1")
+        old_fenced.journal_append(b"r1")
+        snap = old_fenced.create_snapshot(b"m0", [b"s0"], "k", "t", "c")
+        with pytest.raises(LeaseBusyError):
+            bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "new", 500)
+        # Another partition of the same table is independent.
+        other_store, other_leases, _ = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-2", "x", 500)
+        assert other_store.get_cursor() is None
+        other_leases.close()
+        time.sleep(0.6)  # the old owner is paused past its lease
+        new_store, new_leases, new = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "new", 500)
+        assert new.epoch == old.epoch + 1
+        assert new_store.get_cursor() == b"c1"
+        for write in (lambda: old_fenced.put_cursor(b"stale"), lambda: old_fenced.journal_append(b"stale"),
+                      lambda: old_fenced.put_manifest(b"stale"), lambda: old_fenced.delete(snap),
+                      lambda: old_fenced.create_snapshot(b"m", [b"s"], "k", "t", "c"),
+                      lambda: old_leases.check(old), lambda: old_leases.renew(old, 500)):
+            with pytest.raises(LeaseLostError):
+                write()
+        assert new_store.get_cursor() == b"c1"
+        assert [p for _, p in new_store.journal_read()] == [b"r1"]
+        assert new_store.list_snapshots() == [snap]
+        assert new_store.get_metadata(snap) == b"m0"
+        old_leases.release(old)  # a fenced owner's release leaves the new lease alone
+        new_leases.check(new)
+        new_store.put_cursor(b"c2")
+        new_leases.release(new)
+        # Released: the next owner takes it at once.
+        table = BookKeeperTable(server.url, "t_ns", "w_buckets")
+        assert BookKeeperLease(table, "bucket/partition-1/").acquire("next", 500).epoch == new.epoch + 1
+        table.close()
+        for closer in (old_store, new_store, old_leases, new_leases):
+            closer.close()
+
+
 # -- config checks and the instance count ----------------------------------------------------------
 
 
@@ -201,8 +251,6 @@ def test_validate_partitioned_writer_inputs():
     assert check_writer_inputs(dict(base, inputs=[ticks])) == []
     problems = check_writer_inputs(dict(base, inputs=[ticks, sched]))
     assert any("must not be a function input" in p for p in problems), problems
-    bk = dict(base, inputs=[ticks], userConfig=dict(base["userConfig"], snapshotStorage="bookkeeper"))
-    assert any("snapshotStorage=directory" in p for p in check_writer_inputs(bk))
 
 
 def test_num_instances_from_each_context_kind():
