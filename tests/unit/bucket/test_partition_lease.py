@@ -80,6 +80,24 @@ def test_renew_rules():
 # -- the directory store --------------------------------------------------------------------------
 
 
+def assert_fenced(old_store, old_leases, old, new_store, new_leases, new, snap) -> None:
+    """The paused old owner resumes after `new` took over: every write, renewal and release check
+    of it is refused, the index is as the new owner recovered it, its release leaves `new` alone."""
+    for write in (lambda: old_store.put_cursor(b"stale"), lambda: old_store.journal_append(b"stale"),
+                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(snap),
+                  lambda: old_store.create_snapshot(b"m", [b"s"], "k", "t", "c"),
+                  lambda: old_leases.check(old), lambda: old_leases.renew(old, 5000)):
+        with pytest.raises(LeaseLostError):
+            write()
+    assert new_store.get_cursor() == b"c1"
+    assert [p for _, p in new_store.journal_read()] == [b"r1"]
+    assert new_store.list_snapshots() == [snap]
+    assert new_store.get_metadata(snap) == b"m0"
+    new_store.put_cursor(b"c2")
+    old_leases.release(old)
+    new_leases.check(new)
+
+
 def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     """A paused (not dead) owner: the new owner waits out its lease, then the old one is refused."""
     clock = FakeClock(1_000_000)
@@ -101,20 +119,7 @@ def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     assert new_store.get_cursor() == b"c1"  # recovered from the shared store
 
     # The old owner wakes up: every write and every release check is refused, nothing changed.
-    for write in (lambda: old_store.put_cursor(b"stale"), lambda: old_store.journal_append(b"stale"),
-                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(snap),
-                  lambda: old_store.create_snapshot(b"m", [b"s"], "k", "t", "c"),
-                  lambda: old_leases.check(old), lambda: old_leases.renew(old, 5000)):
-        with pytest.raises(LeaseLostError):
-            write()
-    assert new_store.get_cursor() == b"c1"
-    assert [p for _, p in new_store.journal_read()] == [b"r1"]
-    assert new_store.list_snapshots() == [snap]
-    assert new_store.get_metadata(snap) == b"m0"
-    new_store.put_cursor(b"c2")
-    # A release by the fenced owner leaves the new lease alone.
-    old_leases.release(old)
-    new_leases.check(new)
+    assert_fenced(old_store, old_leases, old, new_store, new_leases, new, snap)
     old_leases.close()
     new_leases.close()
 
@@ -202,35 +207,28 @@ def test_bookkeeper_paused_owner_is_fenced_by_txn(tmp_path):
     from pulsar_lifecycle.state.bk_table import BookKeeperTable
     from servers.bk_table_server import start_table_server
 
+    clock = FakeClock(1_000_000)
+
+    def open_partition(label: str, owner: str):
+        return bookkeeper_partition_storage(server.url, "t", "ns", "w", label, owner, 5000, clock=clock)
+
     with start_table_server() as server:
-        old_store, old_leases, old = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "old", 500)
+        old_store, old_leases, old = open_partition("partition-1", "old")
         old_fenced = FencedSnapshotStorage(old_store, old_leases, old)
         old_fenced.put_cursor(b"c1")
         old_fenced.journal_append(b"r1")
         snap = old_fenced.create_snapshot(b"m0", [b"s0"], "k", "t", "c")
         with pytest.raises(LeaseBusyError):
-            bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "new", 500)
+            open_partition("partition-1", "new")
         # Another partition of the same table is independent.
-        other_store, other_leases, _ = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-2", "x", 500)
+        other_store, other_leases, _ = open_partition("partition-2", "x")
         assert other_store.get_cursor() is None
         other_leases.close()
-        time.sleep(0.6)  # the old owner is paused past its lease
-        new_store, new_leases, new = bookkeeper_partition_storage(server.url, "t", "ns", "w", "partition-1", "new", 500)
+        clock.advance(5000)  # the old owner is paused past its lease
+        new_store, new_leases, new = open_partition("partition-1", "new")
         assert new.epoch == old.epoch + 1
         assert new_store.get_cursor() == b"c1"
-        for write in (lambda: old_fenced.put_cursor(b"stale"), lambda: old_fenced.journal_append(b"stale"),
-                      lambda: old_fenced.put_manifest(b"stale"), lambda: old_fenced.delete(snap),
-                      lambda: old_fenced.create_snapshot(b"m", [b"s"], "k", "t", "c"),
-                      lambda: old_leases.check(old), lambda: old_leases.renew(old, 500)):
-            with pytest.raises(LeaseLostError):
-                write()
-        assert new_store.get_cursor() == b"c1"
-        assert [p for _, p in new_store.journal_read()] == [b"r1"]
-        assert new_store.list_snapshots() == [snap]
-        assert new_store.get_metadata(snap) == b"m0"
-        old_leases.release(old)  # a fenced owner's release leaves the new lease alone
-        new_leases.check(new)
-        new_store.put_cursor(b"c2")
+        assert_fenced(old_fenced, old_leases, old, new_store, new_leases, new, snap)
         new_leases.release(new)
         # Released: the next owner takes it at once.
         table = BookKeeperTable(server.url, "t_ns", "w_buckets")

@@ -100,10 +100,11 @@ def _bk_table_name(name: str) -> str:
 
 
 def bookkeeper_partition_storage(service_url: str, tenant: str, namespace: str, name: str, label: str,
-                                 owner: str, ttl_ms: int) -> Tuple[BucketSnapshotStorage, Any, Any]:
+                                 owner: str, ttl_ms: int, clock: Optional[Any] = None) -> Tuple[BucketSnapshotStorage, Any, Any]:
     """(fenced store, lease store, lease) of one scheduling partition of the writer
     `tenant/namespace/name` on the table service: its keys under `bucket/<label>/`, all routed
-    by that prefix; the lease is taken first (LeaseBusyError while another owner holds it)."""
+    by that prefix; the lease is taken first (LeaseBusyError while another owner holds it).
+    `clock` (ms) decides lease expiry; tests pass a FakeClock."""
     from ...state.base import StateError, table_namespace
     from ...state.bk_table import BookKeeperTable
     from .bookkeeper import BookKeeperTableSnapshotStorage
@@ -114,7 +115,8 @@ def bookkeeper_partition_storage(service_url: str, tenant: str, namespace: str, 
         table = BookKeeperTable(service_url, table_namespace(tenant, namespace), _bk_table_name(name))
     except StateError as exc:
         raise SnapshotStorageError(str(exc)) from exc
-    leases = BookKeeperLease(table, prefix, own_table=True)
+    leases = (BookKeeperLease(table, prefix, own_table=True) if clock is None
+              else BookKeeperLease(table, prefix, own_table=True, clock=clock))
     try:
         lease = leases.acquire(owner, ttl_ms)
     except BaseException:
