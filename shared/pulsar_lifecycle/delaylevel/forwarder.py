@@ -59,8 +59,10 @@ STALL_CHECK_MAX_S = 60.0
 BLIND_RESUBSCRIBES = 3
 MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
 # Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
-# batch's confirmation): hides the broker's round trip without acking anything early.
-PIPELINE_DEPTH = 1
+# batch's confirmation): hides the broker's round trip without acking anything early. 0 (send,
+# confirm, ack) until benchmark (b) shows the gain on this machine (docs/benchmarks.md):
+# `bench/bench_delay_level.py forward --pipeline-depth N` compares.
+PIPELINE_DEPTH = 0
 
 
 @dataclass(frozen=True)
