@@ -92,6 +92,10 @@ def write_writer_config(workdir: Path, topics: Topics, intake: str = "direct", *
     cfg["inputSpecs"] = {topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
                          topics.sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1}}
     cfg.update(output=topics.out, name=name, subName=name)
+    # One subscription for the scheduling topic's two consumers (the direct one and the runtime's),
+    # as `validate` requires: with subName set, schedulingSubscription must name it too, or both
+    # subscriptions get every message and the writer indexes each one twice.
+    user = {"schedulingSubscription": name, **user}
     cfg["userConfig"].update(tickTopic=topics.ticks, snapshotDir=str(workdir / "snapshots"),
                              schedulingTopic=topics.sched, **user)
     if intake == "runtime":
