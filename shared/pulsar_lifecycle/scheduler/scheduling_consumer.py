@@ -6,7 +6,8 @@ The Python Functions runtime hands a function one message at a time through a qu
 the service subscribes to it through `context.get_pulsar_client()` (the runtime's own client)
 and takes whole batches with `batch_receive`: a batch is classified, made durable in one journal
 write and then acked, message by message, on the same consumer. The function's inputs are then
-only the tick topic, which starts the function and wakes it after a restart.
+the tick topic, which wakes it after a restart, and optionally the scheduling topic itself, whose
+first message starts a fresh deployment (its runtime consumer is then paused: runtime_input.py).
 
 A crash before the acks leaves the batch unacked on the subscription; it is redelivered and the
 index drops what it already holds (duplicates by position), so nothing is lost or indexed twice.
