@@ -62,8 +62,8 @@ class BucketSnapshotWriter:
             now_ms=int(time.time() * 1000), max_delay_ms=service.config.max_delay_seconds * 1000,
             allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
-        service.pause_runtime_input()  # direct intake: the input only started the writer
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
+        service.pause_runtime_input()  # direct intake: the input only started the writer
         return None
 
     def close(self) -> None:

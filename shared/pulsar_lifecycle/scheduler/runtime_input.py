@@ -43,6 +43,16 @@ class RuntimeInput:
         self.paused = False
         self._given_up = False  # pausing failed once: never tried again (and logged once)
 
+    @classmethod
+    def of_input(cls, context: Any, topic: str) -> Optional["RuntimeInput"]:
+        """A RuntimeInput when `topic` is one of the function's inputs, else None."""
+        try:
+            inputs = [normalize_topic(t) for t in (context.get_input_topics() or [])]
+        except Exception as exc:  # a Context without it: no input to pause
+            log.debug("event=runtime_inputs_unknown error=%r", exc)
+            return None
+        return cls(context, topic) if normalize_topic(topic) in inputs else None
+
     def _find(self) -> Optional[Any]:
         consumers = getattr(self._context, "consumers", None)
         if not isinstance(consumers, Mapping):
