@@ -108,12 +108,13 @@ class SchedulingConsumer:
         props = msg.properties()
         payload = msg.data()
         mid = msg.message_id()
+        ledger, entry = mid.ledger_id(), mid.entry_id()  # each accessor is a call into the client
         if self.watchdog is not None:
-            self.watchdog.seen(mid.ledger_id(), mid.entry_id())
+            self.watchdog.seen(ledger, entry)
         item = classify(
             payload=payload, properties=props, key=msg.partition_key() or None,
             event_time=msg.event_timestamp(),
-            position=(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index()),
+            position=(ledger, entry, mid.partition(), mid.batch_index()),
             now_ms=now, max_delay_ms=self.sub.max_delay_ms,
             allowed_target_prefixes=self.sub.allowed_target_prefixes,
         )
