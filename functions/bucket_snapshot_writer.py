@@ -7,7 +7,8 @@ MANUAL: this function acks a source message only once its index entry is durable
 
 With userConfig `schedulingTopic` the service consumes the scheduling topic itself, in batches
 (direct intake); the scheduling topic is also an input on the same subscription, so the first
-message starts a fresh deployment, and process() queues what reaches it. Without it, process()
+message starts a fresh deployment; then that input is paused (its prefetched messages go to the
+direct consumer) and process() queues the few that still reach it. Without it, process()
 queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
 it keeps one unacked (pulsar_lifecycle.scheduler.wake).
 """
@@ -61,6 +62,7 @@ class BucketSnapshotWriter:
             allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
+        service.pause_runtime_input()  # direct intake: the input only started the writer
         return None
 
     def close(self) -> None:
