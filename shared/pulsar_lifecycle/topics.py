@@ -13,12 +13,14 @@ from urllib.parse import unquote_plus
 
 from .exceptions import PulsarLifecycleError
 
-__all__ = ["DOMAINS", "PARTITION_SUFFIX", "TopicName", "TopicNameError", "is_named_entity", "java_url_encode",
+__all__ = ["DOMAINS", "FULL_NAME_PREFIXES", "PARTITION_SUFFIX", "TopicName", "TopicNameError", "is_named_entity", "java_url_encode",
            "partition_name", "strip_partition"]
 
 PARTITION_SUFFIX = "-partition-"
 _PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")
 DOMAINS = ("persistent", "non-persistent")
+# How a fully qualified name starts (`persistent://`, `non-persistent://`).
+FULL_NAME_PREFIXES: Tuple[str, ...] = tuple(f"{domain}://" for domain in DOMAINS)
 # Pulsar's NamedEntity rule for tenant, namespace, cluster and function names.
 _NAMED_ENTITY_RE = re.compile(r"^[-=:.\w]+$")
 # What java.net.URLEncoder leaves as it is.

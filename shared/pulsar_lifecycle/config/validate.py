@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
 
-from ..topics import DOMAINS, TopicName, TopicNameError, is_named_entity
+from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError, is_named_entity
 from .function_config import (
     BOOL,
     CONSUMER,
@@ -42,7 +42,7 @@ logger = logging.getLogger(__name__)
 #: Smallest ack timeout the Python client accepts (it raises at subscribe below this).
 MIN_PYTHON_TIMEOUT_MS = 10_000
 
-TOPIC_SCHEMES: Tuple[str, ...] = tuple(f"{domain}://" for domain in DOMAINS)
+TOPIC_SCHEMES: Tuple[str, ...] = FULL_NAME_PREFIXES
 _CLASS_NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PY_URL_SCHEMES = ("http://", "https://", "file://", "function://")
 
