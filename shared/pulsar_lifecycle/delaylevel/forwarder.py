@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Tuple
@@ -24,6 +23,7 @@ import pulsar
 
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
+from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
 from .rule import (
     BASE_PROP,
@@ -47,17 +47,6 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
-# Stall watchdog (pulsar-lite): an idle consumer checks (at its first idle receive after a
-# message, then with a backoff from STALL_CHECK_S to STALL_CHECK_MAX_S) whether the partition holds
-# messages beyond the last one it received (or, after a restart, the last one forwarded: first
-# check KNOWN_WAIT_S after the start), and re-subscribes if so; when nothing was ever forwarded
-# from it (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
-STALL_CHECK_S = 0.5
-BLIND_WAIT_S = 2.0
-KNOWN_WAIT_S = 1.0  # first check after a start when the last forwarded position is known
-STALL_CHECK_MAX_S = 60.0
-BLIND_RESUBSCRIBES = 3
-MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
 # Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
 # batch's confirmation): hides the broker's round trip without acking anything early. 0 (send,
 # confirm, ack) until benchmark (b) shows the gain on this machine (docs/benchmarks.md):
@@ -145,18 +134,17 @@ class PartitionForwarder:
         self._cancels: Dict[int, _Pending] = {}
         self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
-        # Stall watchdog state (see STALL_CHECK_S): `resubscribe` opens a new consumer on the
-        # partition's subscription; None turns the watchdog off.
-        self._resubscribe = resubscribe
-        # (ledger, entry) of the last message received; after a restart, of the last one this
-        # partition's publisher forwarded (its sequence id is the source position): anything
-        # beyond it in the partition is still to be forwarded, so an idle consumer is stalled.
-        self._last_seen: Optional[Tuple[int, int]] = source_position(self._claimed)[:2] if self._claimed > 0 else None
-        self._check_interval = STALL_CHECK_S
-        self._next_check = time.monotonic() + (BLIND_WAIT_S if self._last_seen is None else KNOWN_WAIT_S)
-        self._blind = 0
-        self.resubscribed = 0
-        self._queue = receiver_queue_size or policy.receiver_queue_size or 200  # the current consumer's queue
+        # Stall watchdog (pulsar_lifecycle.stall_watchdog): `resubscribe` opens a new consumer on
+        # the partition's subscription; None turns the watchdog off.
+        self._watchdog: Optional[StallWatchdog] = None
+        if resubscribe is not None:
+            self._watchdog = StallWatchdog(topic, resubscribe, receiver_queue_size or policy.receiver_queue_size or 200,
+                                           event="delay_level_partition_resubscribed")
+            if self._claimed > 0:
+                # After a restart: the last forwarded position counts as seen (the publisher's
+                # sequence id is the source position), so an idle consumer with unforwarded
+                # messages behind it is re-subscribed without the blind attempts' limit.
+                self._watchdog.seen(*source_position(self._claimed)[:2])
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -216,7 +204,8 @@ class PartitionForwarder:
         message is due now (it is dead-lettered)."""
         mid = msg.message_id()  # read once: each accessor is a call into the client
         ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
-        self._last_seen = (ledger, entry)
+        if self._watchdog is not None:
+            self._watchdog.seen(ledger, entry)
         seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
         if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
@@ -249,8 +238,8 @@ class PartitionForwarder:
                 return
             # Once messages flow, a stall is checked for at the first idle receive: a stalled
             # partition is due (its head was), and the lookahead is the whole margin.
-            self._check_interval = STALL_CHECK_S
-            self._next_check = 0.0
+            if self._watchdog is not None:
+                self._watchdog.flowing()
             self._hold(msg)
         due = self._held[0].due
         self.stats.next_forward_at = due
@@ -282,47 +271,19 @@ class PartitionForwarder:
         self.stats.forward_lag_ms = max(0, self.policy.clock() - due)
         self._forward(batch)
 
+    @property
+    def resubscribed(self) -> int:
+        """How often the stall watchdog replaced this partition's consumer."""
+        return self._watchdog.resubscribed if self._watchdog is not None else 0
+
     def _watch_for_stall(self) -> None:
-        """pulsar-lite keeps the permit deficit of a consumer that died (or was closed) holding
-        more messages than its queue, and re-dispatches all of its messages to the next one in one
-        round, so after a few crashes a partition's consumer can stay idle while messages wait
-        (docs/delay-levels.md, "Lateness after a crash"). Each new consumer adds its queue to the
-        subscription's permits, so re-subscribing unblocks it. Checked only while idle, nothing
-        held and nothing unacked (so nothing is reordered); real Pulsar never needs it."""
-        if self._resubscribe is None or self.stop.is_set():
+        """Checked only while idle, nothing held and nothing unacked (so nothing is reordered);
+        see pulsar_lifecycle.stall_watchdog and docs/delay-levels.md, "Lateness after a crash"."""
+        if self._watchdog is None or self.stop.is_set():
             return
-        now = time.monotonic()
-        if now < self._next_check:
-            return
-        self._check_interval = min(STALL_CHECK_MAX_S, self._check_interval * 2)
-        self._next_check = now + self._check_interval
-        try:
-            last = self.consumer.get_last_message_id()
-            end: Optional[Tuple[int, int]] = (last.ledger_id(), last.entry_id())
-        except pulsar.PulsarException:  # pulsar-lite answers an empty topic with an error
-            end = None
-        if end is None or end[0] < 0 or end[1] < 0:
-            return  # nothing in the partition
-        if self._last_seen is not None:
-            if end <= self._last_seen:
-                return  # drained: the last message is one we received
-        elif self._blind >= BLIND_RESUBSCRIBES:
-            return  # nothing received since start: maybe all acked before; stop guessing
-        else:
-            self._blind += 1
-        old = self.consumer
-        # pulsar-lite takes a closed idle consumer's permits out of the total but leaves a dead
-        # one's deficit in it: only a larger queue outweighs the deficit, so each attempt doubles it.
-        self._queue = min(MAX_RESUBSCRIBE_QUEUE, 2 * self._queue)
-        self.consumer = self._resubscribe(self._queue)
-        self.resubscribed += 1
-        log.warning("event=delay_level_partition_resubscribed partition=%s last_seen=%s topic_end=%s queue=%d "
-                    "reason='idle with messages beyond the last received (pulsar-lite permit stall)'",
-                    self.topic, self._last_seen, end, self._queue)
-        try:
-            old.close()
-        except pulsar.PulsarException as exc:  # the new consumer already reads the partition
-            log.warning("event=delay_level_consumer_close_failed partition=%s error=%r", self.topic, exc)
+        new = self._watchdog.check(self.consumer)
+        if new is not None:
+            self.consumer = new
 
     # -- one batch -------------------------------------------------------------------------
 

@@ -244,10 +244,10 @@ class DelayLevelSyncerService:
         predecessor hung in start() (docs/delay-levels.md, "Lateness after a crash"). Rotating the
         order gives each subscription another id than at the last starts; real Pulsar scopes
         consumer ids per connection and needs none of this."""
-        key = f"{STARTS_KEY}/{self.instance}"
-        raw = self.state.get(key)
+        starts_key = f"{STARTS_KEY}/{self.instance}"
+        raw = self.state.get(starts_key)
         starts = int(raw.decode()) + 1 if raw else 1
-        self.state.put(key, str(starts).encode())
+        self.state.put(starts_key, str(starts).encode())
         cfg = self.cfg
         # Every instance reads every cancel (its own subscription) and applies those of its partitions.
         cancel_sub = self.subscription if self.num_instances == 1 else f"{self.subscription}-{self.instance}"
