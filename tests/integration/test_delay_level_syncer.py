@@ -327,12 +327,12 @@ def test_parallelism_1_to_2_moves_partitions_and_every_message_is_forwarded_once
             "partitionBy": "SECONDS", "unitSeconds": UNIT_S, "messageMaximumDelayTimeSeconds": 20,
             "lookaheadMillis": 30_000, "partitionDiscoverySeconds": 0}  # forward as soon as read
     state: Dict[str, Any] = {}
-    first = [producer.send(f"a{i}".encode(), delay_ms=2100 + (i % 4) * 2000) for i in range(80)]
-    assert {s.partition for s in first} == {0, 1, 2, 3}
     single = build_syncer(SyncerContext(client, user, 0, 1, state))
     p1 = next(f for f in single.forwarders if f.k == 1)
-    p1.consumer.acknowledge = lambda msg: None  # published, never acked
+    p1.consumer.acknowledge = lambda msg: None  # published, never acked (patched before anything is parked)
     try:
+        first = [producer.send(f"a{i}".encode(), delay_ms=2100 + (i % 4) * 2000) for i in range(80)]
+        assert {s.partition for s in first} == {0, 1, 2, 3}
         assert wait_for(lambda: single.metrics()["pulsar_delay_level_forwarded_total"] == 80, timeout=15)
     finally:
         single.stop()
