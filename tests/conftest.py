@@ -26,7 +26,8 @@ _DIR_MARKERS = {"integration": "integration", "crash": "crash"}
 def pytest_collection_modifyitems(config: pytest.Config, items: List[pytest.Item]) -> None:
     tests_dir = Path(__file__).resolve().parent
     for item in items:
-        rel = Path(str(item.path)).resolve().relative_to(tests_dir)
-        marker = _DIR_MARKERS.get(rel.parts[0]) if len(rel.parts) > 1 else None
+        path = Path(str(item.path)).resolve()
+        top = path.relative_to(tests_dir).parts[0] if tests_dir in path.parents else ""
+        marker = _DIR_MARKERS.get(top)
         if marker is not None:
             item.add_marker(marker)
