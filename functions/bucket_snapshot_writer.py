@@ -14,7 +14,6 @@ it keeps one unacked (pulsar_lifecycle.scheduler.wake).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 from pulsar_lifecycle.dedup.publisher import normalize_topic
@@ -59,7 +58,7 @@ class BucketSnapshotWriter:
             payload=payload, properties=props, key=context.get_message_key(),
             event_time=context.get_message_eventtime() or 0,
             position=(msg_id.ledger_id(), msg_id.entry_id(), msg_id.partition(), msg_id.batch_index()),
-            now_ms=int(time.time() * 1000), max_delay_ms=service.config.max_delay_seconds * 1000,
+            now_ms=service.clock(), max_delay_ms=service.config.max_delay_seconds * 1000,
             allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
