@@ -21,7 +21,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
+from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
@@ -34,6 +34,7 @@ from .rule import (
     forward_at,
     parse_parked,
     sequence_id,
+    source_position,
 )
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,11 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
+# Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
+# batch's confirmation): hides the broker's round trip without acking anything early. 0 (send,
+# confirm, ack) until benchmark (b) shows the gain on this machine (docs/benchmarks.md):
+# `bench/bench_delay_level.py forward --pipeline-depth N` compares.
+PIPELINE_DEPTH = 0
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,18 @@ class _Held:
 
 
 @dataclass
+class _InFlight:
+    """A batch sent to one topic and not yet confirmed: acked once `last_seq` is persisted."""
+
+    topic: str
+    last_seq: int  # highest sequence id of the batch (the publisher's watermark must pass it)
+    claimed: int  # the forwarder's claim when it was sent (`done` moves there once it is acked)
+    held: List[_Held]
+    kinds: List[str]  # per message "forward" | "dead-letter", counted once confirmed
+    outcomes: List[Outcome]
+
+
+@dataclass
 class _Pending:
     """A cancel waiting for its target; `ack` acknowledges the cancel request."""
 
@@ -114,6 +132,7 @@ class PartitionForwarder:
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
+        self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
         # Stall watchdog (pulsar_lifecycle.stall_watchdog): `resubscribe` opens a new consumer on
         # the partition's subscription; None turns the watchdog off.
@@ -121,6 +140,11 @@ class PartitionForwarder:
         if resubscribe is not None:
             self._watchdog = StallWatchdog(topic, resubscribe, receiver_queue_size or policy.receiver_queue_size or 200,
                                            event="delay_level_partition_resubscribed")
+            if self._claimed > 0:
+                # After a restart: the last forwarded position counts as seen (the publisher's
+                # sequence id is the source position), so an idle consumer with unforwarded
+                # messages behind it is re-subscribed without the blind attempts' limit.
+                self._watchdog.seen(*source_position(self._claimed)[:2])
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -202,8 +226,13 @@ class PartitionForwarder:
 
     def _step(self) -> None:
         if not self._held:
-            msg = self._receive(IDLE_WAIT_MS)
+            # With a batch in flight, only look for more without waiting: an idle partition
+            # confirms and acks what it sent first.
+            msg = self._receive(1 if self._inflight else IDLE_WAIT_MS)
             if msg is None:
+                if self._inflight:
+                    self._settle(0)
+                    return
                 self.stats.next_forward_at = 0
                 self._watch_for_stall()
                 return
@@ -216,6 +245,9 @@ class PartitionForwarder:
         self.stats.next_forward_at = due
         wait_ms = due - self.policy.clock()
         if wait_ms > 0:
+            if self._inflight:
+                self._settle(0)  # nothing stays unconfirmed and unacked while the head waits
+                return
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
@@ -281,6 +313,17 @@ class PartitionForwarder:
                     groups[-1][1].append(out)
                 else:
                     groups.append((topic, [out]))
+        if len(groups) == 1 and not dropped and not not_found:
+            # The common case: one topic, nothing cancelled. Send it and confirm the batches
+            # before it (pipelined); this one is acked once the publisher's watermark passes it.
+            topic, msgs = groups[0]
+            outcomes = self.publisher.publish_many(topic, msgs)
+            # The highest id, not the last: a message redelivered out of order can end a batch.
+            last = max(m.sequence_id for m in msgs)
+            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes))
+            self._settle(PIPELINE_DEPTH)
+            return
+        self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []
         for topic, msgs in groups:
             outcomes += self.publisher.publish_many(topic, msgs)
@@ -303,6 +346,22 @@ class PartitionForwarder:
         for pending in not_found:
             pending.ack()
         self._done = max(self._done, self._claimed)
+        self._count(kinds, outcomes)
+
+    def _settle(self, keep: int) -> None:
+        """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
+        then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
+        ack = self.consumer.acknowledge
+        while len(self._inflight) > keep:
+            batch = self._inflight[0]
+            self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
+            self._inflight.popleft()
+            for held in batch.held:
+                ack(held.msg)
+            self._done = max(self._done, batch.claimed)
+            self._count(batch.kinds, batch.outcomes)
+
+    def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
-from ..topics import TopicName, TopicNameError
+from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError
 from .errors import ListingError
 
 # -- id spaces and components ---------------------------------------------------------------------
@@ -144,10 +144,11 @@ class InUseSet:
 
 # -- names ------------------------------------------------------------------------------------------
 def namespace_of(owner: Optional[str]) -> Optional[str]:
-    """`tenant/namespace` of an ML name (`t/ns/persistent/x`), schema id (`t/ns/x`) or topic."""
+    """`tenant/namespace` of an ML name (`t/ns/persistent/x`), schema id (`t/ns/x`) or topic
+    (`persistent://t/ns/x`); None for anything else. orphans_job._owner_ns is this rule as a Spark column."""
     if not owner:
         return None
-    rest = owner.split("://", 1)[-1]
+    rest = next((owner[len(p):] for p in FULL_NAME_PREFIXES if owner.startswith(p)), owner)
     parts = rest.split("/")
     if len(parts) < 3 or not parts[0] or not parts[1]:
         return None
