@@ -225,11 +225,13 @@ def test_segment_metadata_has_per_ledger_bitmaps_of_its_own_indexes():
     meta = snapshot_metadata(segs)
     first = meta.metadata_list[0]
     assert (first.min_schedule_timestamp, first.max_schedule_timestamp) == (10, 12)
-    # Pulsar's map: real entry ids; our extension: one bit per message (index ids)
+    # Pulsar's map: real entry ids; our extension: one bit per message (packed index ids:
+    # entry | batch index << 22, so unbatched ids are the entry ids)
     assert deserialize_bitmap(first.delayed_index_bit_map[1]) == BitMap([5, 6])
     assert deserialize_bitmap(first.delayed_index_bit_map[2]) == BitMap([7])
-    assert deserialize_bitmap(first.index_id_bit_map[1]) == BitMap([index_id(5, 0), index_id(5, 2), index_id(6, 0)])
-    assert deserialize_bitmap(first.index_id_bit_map[2]) == BitMap([index_id(7, 1)])
+    assert deserialize_bitmap(first.packed_index_bit_map[1]) == BitMap([5, 5 | 2 << 22, 6])
+    assert deserialize_bitmap(first.packed_index_bit_map[2]) == BitMap([7 | 1 << 22])
+    assert not len(first.index_id_bit_map)  # layout 2's map is no longer written
     assert dict(meta.metadata_list[1].delayed_index_bit_map).keys() == {1}
     seg = SnapshotSegment.FromString(segs[0].data)
     assert [(i.timestamp, i.ledger_id, i.entry_id, i.batch_index) for i in seg.indexes] == [
