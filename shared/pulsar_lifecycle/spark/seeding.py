@@ -19,11 +19,10 @@ import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from ..bucket.bitmap import LedgerBitmaps
+from ..bucket.bitmap import PACK_SHIFT, LedgerBitmaps
 from ..bucket.codec import Item, encode_segment, make_item, release_ts
 from ..bucket.config import BucketConfig
 from ..bucket.keys import bucket_key
-from ..bucket.bitmap import PACK_SHIFT
 from ..bucket.records import BATCH_BITS, MAX_BATCH_INDEX, DelayedMessage
 from ..bucket.segments import CutSegment, cut_bounds, make_segment, snapshot_metadata_bytes
 from ..bucket.storage import BucketSnapshotStorage, write_whole
