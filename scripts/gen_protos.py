@@ -4,7 +4,7 @@
 
 Each module embeds the serialized FileDescriptorProto (protoc's own, via grpc_tools) and builds
 its classes with `_loader.load_file`, so it loads on protobuf 3.20 through 7.x (protoc's
-`--python_out` pins a runtime range; see _loader.py). tests/test_bucket_units.py checks that
+`--python_out` pins a runtime range; see _loader.py). tests/unit/bucket/test_bucket_units.py checks that
 the checked-in modules equal this script's output.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Each table stands between `<!-- userConfig: <className> -->` and `<!-- /userConfig -->`; the prose
 around them is written by hand. `scripts/gen_config_docs.py` rewrites the tables (or, with
---check, fails when they differ); tests/test_docs_reference.py runs the check.
+--check, fails when they differ); tests/unit/test_docs_reference.py runs the check.
 """
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ class SegmentCutter:
 
     Checking the cut condition before appending the next item is the same rule as Pulsar's
     check after appending with a look-ahead at the next one, and as cut_bounds (batch form,
-    used by cut_segments and the Spark seeder; tests/test_bucket_units.py checks they agree).
+    used by cut_segments and the Spark seeder; tests/unit/bucket/test_bucket_units.py checks they agree).
     """
 
     def __init__(self, time_step_ms: int, max_indexes: int) -> None:

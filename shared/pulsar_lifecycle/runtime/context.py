@@ -37,6 +37,7 @@ class FunctionIdentity:
     instance_id: int
     function_id: str
     function_version: str
+    num_instances: int = 1  # the function's parallelism
 
     @property
     def fqfn(self) -> str:
@@ -118,6 +119,10 @@ class LocalContext:
 
     def get_instance_id(self) -> int:
         return self.identity.instance_id
+
+    def get_num_instances(self) -> int:
+        """The function's parallelism (Java's Context.getNumInstances())."""
+        return self.identity.num_instances
 
     def get_function_version(self) -> str:
         return self.identity.function_version

@@ -27,3 +27,20 @@ def pulsar_client(context: Any) -> Any:
             f"(context type {type(context).__name__}); pulsar-lifecycle needs Pulsar {MIN_PULSAR_VERSION} or newer "
             f"(apache/pulsar#18739), or run it with `pulsar-lifecycle localrun`")
     return get()
+
+
+def num_instances(context: Any) -> int:
+    """How many instances of this function run (its `parallelism`).
+
+    Java's Context has getNumInstances(); Python's declares no such method, but Pulsar's
+    ContextImpl keeps `instance_config.function_details` (FunctionDetails.parallelism). The local
+    runner's context has get_num_instances(). 1 when neither exists: callers that split work by
+    it must stay safe when it is wrong (the writer's partition leases make a wrong count cost
+    waiting, never two owners).
+    """
+    get = getattr(context, "get_num_instances", None)
+    if callable(get):
+        return max(1, int(get()))
+    details = getattr(getattr(context, "instance_config", None), "function_details", None)
+    parallelism = getattr(details, "parallelism", 0)
+    return max(1, int(parallelism or 1))

@@ -176,9 +176,10 @@ class LocalRunner:
         # ("Consumer 0 already exists"); a real worker runs one process (and client) per instance.
         client = make_client(settings)
         self._clients.append(client)
-        for i in range(max(1, int(spec.parallelism or 1))):
+        parallelism = max(1, int(spec.parallelism or 1))
+        for i in range(parallelism):
             identity = FunctionIdentity(spec.tenant, spec.namespace, spec.name, self.options.instance_id_offset + i,
-                                        function_id, "local")
+                                        function_id, "local", num_instances=self.options.instance_id_offset + parallelism)
             ctx = LocalContext(
                 identity=identity, client=client, consumers={}, input_topics=list(spec.inputs),
                 output_topic=spec.output, output_serde_class_name=spec.output_serde_class_name or "serde.IdentitySerDe",

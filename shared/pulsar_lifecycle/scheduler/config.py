@@ -12,6 +12,7 @@ from ..config.settings import (
     read_setting,
     setting,
     settings_of,
+    to_int,
     to_str,
     user_config_keys,
 )
@@ -109,6 +110,14 @@ class WriterConfig:
         'snapshotDeletionSendDelaySeconds', _WORKER['send_delay_seconds'],
         'Phase-one send delay of snapshot deletion requests (sendDelaySeconds); delayed through this writer itself.',
         minimum=0)
+    scheduling_topic_partitions: int = setting(
+        'schedulingTopicPartitions', 0,
+        "Partitions of `schedulingTopic` (a partitioned topic; partitions are addressed by name, `<topic>-partition-<k>`). 0 = not partitioned: one writer instance owns the whole topic. With N > 0 instance i of the function's `parallelism` owns the partitions k with k % parallelism == i, each with its own index (`<snapshotDir>/partition-<k>` or the table prefix `bucket/partition-<k>/`), dedup producer, watermark and lease (docs/scaling.md). Needs direct intake, and the scheduling topic must then not be a function input.",
+        minimum=0)
+    partition_lease_seconds: int = setting(
+        'partitionLeaseSeconds', 30,
+        "With schedulingTopicPartitions: how long a partition's lease lasts without renewal (renewed every third of it). A new owner takes a partition when its lease is released, expired, or its holder's process is gone (directory store); a paused old owner is fenced by the lease epoch (docs/scaling.md).",
+        minimum=1)
     bucket: BucketConfig = field(default_factory=BucketConfig)
 
     @property
@@ -210,6 +219,19 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
             problems.append(f"the scheduling topic is also an input: userConfig schedulingSubscription "
                             f"({subscription or fqfn!r}) must be the function's subscription "
                             f"({function_sub!r}), or the two consumers get every message each")
+    try:
+        partitions = int(read_setting(known, "schedulingTopicPartitions", to_int, 0))
+    except ConfigError:
+        partitions = 0  # a bad value: reported once, by the registry's value check
+    if partitions > 0:
+        if not sched:
+            problems.append("userConfig schedulingTopicPartitions needs direct intake: set schedulingTopic")
+        elif sched in [normalize_topic(t) for t in inputs]:
+            problems.append(f"userConfig schedulingTopicPartitions={partitions}: the scheduling topic {sched} must not "
+                            "be a function input (each owned partition has its own consumer); inputs: tickTopic only")
+        if text("snapshotStorage") == "bookkeeper":
+            problems.append("userConfig schedulingTopicPartitions needs snapshotStorage=directory: partition leases "
+                            "on the BookKeeper table service are not implemented yet (docs/scaling.md)")
     try:
         scheduling_input(inputs, topics)
     except (ValueError, TypeError) as exc:

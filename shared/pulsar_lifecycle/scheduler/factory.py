@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import logging
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Callable, List, Optional, Tuple, Union
 
 from ..bucket import BucketIndex
 from ..bucket.storage import (
@@ -12,14 +14,20 @@ from ..bucket.storage import (
     bookkeeper_snapshot_storage,
     lock_exclusively,
 )
-from ..dedup.publisher import DedupPublisher
+from ..bucket.storage.directory_lease import DirectoryLease
+from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper
+from ..config.settings import ConfigError
+from ..dedup.publisher import DedupPublisher, normalize_topic
 from ..deletion.service import LedgerDeletionService
 from ..deletion.topics import DeletionTopics
-from ..runtime.context_api import pulsar_client
+from ..partition_assignment import PartitionAssignment, partition_label
+from ..runtime.context_api import num_instances, pulsar_client
 from ..timing import DelayedProducer
+from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
+from .partitioned import FencedPublisher, PartitionedWriter
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
 from .snapshot_deletion import TwoPhaseSnapshotDeleter
@@ -27,9 +35,11 @@ from .snapshot_deletion import TwoPhaseSnapshotDeleter
 log = logging.getLogger(__name__)
 
 
-def default_snapshot_dir(context: Any) -> Path:
+def default_snapshot_dir(context: Any, per_instance: bool = True) -> Path:
     """`<--data-dir>/buckets/<tenant>_<namespace>_<name>[-instance-<i>]` under the local runner.
 
+    `per_instance=False` (a partitioned scheduling topic): the one directory every instance
+    shares, holding one sub-directory per partition.
     Anywhere else (Pulsar's own runtime) there is no default: a worker's working directory is
     neither durable nor the same after a reschedule, so snapshotDir must be explicit.
     """
@@ -38,7 +48,7 @@ def default_snapshot_dir(context: Any) -> Path:
         raise ValueError("userConfig snapshotDir is required with snapshotStorage=directory outside "
                          "`pulsar-lifecycle localrun` (or use snapshotStorage=bookkeeper)")
     table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
-    instance = int(context.get_instance_id())
+    instance = int(context.get_instance_id()) if per_instance else 0
     # Instance 0 keeps the name earlier versions used (`.pulsar-lifecycle/buckets/<table>` = the default data dir).
     return Path(data_dir) / "buckets" / (table if instance == 0 else f"{table}-instance-{instance}")
 
@@ -53,6 +63,29 @@ def open_writer_snapshot_storage(cfg: WriterConfig, context: Any, resources: Lis
     return DirectorySnapshotStorage(path)
 
 
+def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: int,
+                                    resources: List[Any]) -> Tuple[FencedSnapshotStorage, Callable[[], None]]:
+    """Take partition `partition`'s lease (LeaseBusyError while another owner holds it) and open
+    its snapshot namespace behind the lease's fence; returns the store and the release check.
+    The lease keeper (renews; releases on close) goes to `resources`."""
+    if cfg.snapshot_storage == "bookkeeper":
+        raise ConfigError("userConfig schedulingTopicPartitions > 0 needs snapshotStorage=directory (a directory "
+                          "every instance shares); partition leases on the BookKeeper table service are not "
+                          "implemented yet (docs/scaling.md)")
+    base = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context, per_instance=False)
+    root = base / partition_label(partition)
+    leases = DirectoryLease(root)
+    fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
+    ttl_ms = cfg.partition_lease_seconds * 1000
+    try:
+        lease = leases.acquire(f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}", ttl_ms)
+    except BaseException:
+        leases.close()
+        raise
+    resources.append(LeaseKeeper(leases, lease, ttl_ms).start())
+    return FencedSnapshotStorage(DirectorySnapshotStorage(root), leases, lease), lambda: leases.check(lease)
+
+
 def state_location(context: Any, key_prefix: str) -> str:
     """How to name this instance's dedup state in an error message."""
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
@@ -61,12 +94,59 @@ def state_location(context: Any, key_prefix: str) -> str:
     return f"state key {key_prefix}{STATE_KEY} of {fqfn}{where}"
 
 
-def build_service(context: Any) -> SchedulerService:
-    """Everything the function needs, built from userConfig and the function's identity."""
+def build_service(context: Any) -> Union[SchedulerService, PartitionedWriter]:
+    """Everything the function needs, built from userConfig and the function's identity: one
+    SchedulerService, or with schedulingTopicPartitions one per owned partition."""
     user = dict(context.get_user_config_map() or {})
     scheduling, direct = scheduling_input(context.get_input_topics(), user)
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     cfg = parse_writer_config(user, topic=scheduling, cursor=fqfn)
+    if cfg.scheduling_topic_partitions:
+        return _build_partitioned(context, cfg, scheduling, direct, fqfn)
+    instance = context.get_instance_id()
+    return _assemble(context, cfg, _Names(
+        topic=scheduling, base_topic=scheduling, producer_name=cfg.producer_name or f"{fqfn}-{instance}-release",
+        state_prefix=f"dedup/{instance}/", direct=direct),
+        lambda resources: (open_writer_snapshot_storage(cfg, context, resources), None))
+
+
+def _build_partitioned(context: Any, cfg: WriterConfig, scheduling: str, direct: bool, fqfn: str) -> PartitionedWriter:
+    if not direct:
+        raise ConfigError("userConfig schedulingTopicPartitions > 0 needs direct intake (schedulingTopic)")
+    if normalize_topic(scheduling) in [normalize_topic(t) for t in context.get_input_topics()]:
+        raise ConfigError(f"userConfig schedulingTopicPartitions > 0: the scheduling topic {scheduling} must not be a "
+                          "function input (each partition's own consumer takes its messages); inputs: tickTopic only")
+    assignment = PartitionAssignment(TopicName.parse(scheduling), cfg.scheduling_topic_partitions,
+                                     int(context.get_instance_id()), num_instances(context))
+
+    def build_partition(k: int) -> SchedulerService:
+        label = partition_label(k)
+        names = _Names(topic=assignment.topic_of(k), base_topic=scheduling,
+                       producer_name=f"{cfg.producer_name}-{label}" if cfg.producer_name else f"{fqfn}-{label}-release",
+                       state_prefix=f"dedup/{label}/", direct=True)
+        return _assemble(context, cfg, names, lambda resources: open_partition_snapshot_storage(cfg, context, k, resources))
+
+    log.info("event=writer_partitions topic=%s partitions=%d instance=%d of=%d owned=%s", scheduling,
+             assignment.partitions, assignment.instance_id, assignment.num_instances, list(assignment.owned))
+    retry_s = min(5.0, max(0.2, cfg.tick_time_millis / 1000.0))
+    return PartitionedWriter(cfg, assignment.owned, build_partition, retry_s=retry_s).start()
+
+
+@dataclass(frozen=True)
+class _Names:
+    """What one SchedulerService consumes, publishes as and keeps its dedup state under."""
+
+    topic: str  # the scheduling topic (or partition) this service indexes
+    base_topic: str  # the configured scheduling topic (the -INVALID topic is named after it)
+    producer_name: str
+    state_prefix: str
+    direct: bool
+
+
+def _assemble(context: Any, cfg: WriterConfig, names: _Names,
+              open_storage: Callable[[List[Any]], Tuple[Any, Optional[Callable[[], None]]]]) -> SchedulerService:
+    """One SchedulerService: storage (and its release check), engine, publisher, intake, started."""
+    fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     default_target = context.get_output_topic()
     if not default_target:
         raise ValueError("BucketSnapshotWriter needs `output` (the business topic releases go to)")
@@ -74,33 +154,34 @@ def build_service(context: Any) -> SchedulerService:
     storage: Any = None
     publisher = None
     try:
-        storage = open_writer_snapshot_storage(cfg, context, resources)
-        deleter = _snapshot_deleter(cfg, context, scheduling)
+        storage, release_check = open_storage(resources)
+        deleter = _snapshot_deleter(cfg, context, names.topic)
         if deleter is not None:
             resources.append(deleter)  # closed with the service: its producers before the client
-        engine = BucketIndex(storage, cfg.bucket, on_snapshot_obsolete=deleter)
-        producer_name = cfg.producer_name or f"{fqfn}-{context.get_instance_id()}-release"
+        bucket_cfg = cfg.bucket if names.topic == cfg.bucket.topic else replace(cfg.bucket, topic=names.topic)
+        engine = BucketIndex(storage, bucket_cfg, on_snapshot_obsolete=deleter)
         client = pulsar_client(context)
-        prefix = f"dedup/{context.get_instance_id()}/"
-        dedup_state = ContextStateStore(context, prefix=prefix)
-        publisher = DedupPublisher(client, producer_name, dedup_state)
+        dedup_state = ContextStateStore(context, prefix=names.state_prefix)
+        publisher = DedupPublisher(client, names.producer_name, dedup_state)
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
-        check_index_identity(storage, dedup_state, state_location=state_location(context, prefix),
+        check_index_identity(storage, dedup_state, state_location=state_location(context, names.state_prefix),
                              published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         source_factory = None
-        if direct:
+        if names.direct:
             sub = SchedulingSubscription(
-                topic=scheduling, subscription=cfg.scheduling_subscription or fqfn,
+                topic=names.topic, subscription=cfg.scheduling_subscription or fqfn,
                 batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
                 max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
             source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
-        service = SchedulerService(engine, publisher, cfg, default_target,
-                                   cfg.invalid_message_topic or f"{scheduling}-INVALID",
+        sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
+        service = SchedulerService(engine, sender, cfg, default_target,
+                                   cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
                                    client, context.record_metric, resources=resources, source_factory=source_factory)
         service.start()
     except BaseException:
-        # The next process() call builds again: the snapshot-directory lock must not outlive this try.
+        # The next process() call builds again: the snapshot-directory lock (or the partition's
+        # lease) must not outlive this try.
         if publisher is not None:
             publisher.close(timeout_s=5)
         if storage is not None and callable(getattr(storage, "close", None)):

@@ -1,0 +1,89 @@
+"""Bounded helpers for integration tests: consume with deadlines, never loop forever."""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional
+
+import pulsar
+
+from pulsar_lifecycle.runtime.client import receive_messages
+from support.paths import REPO
+
+
+def drain(client: pulsar.Client, topic: str, sub: str, expect: int, timeout: float = 30.0,
+          stop: Optional[Callable[[List[pulsar.Message]], bool]] = None) -> List[pulsar.Message]:
+    """Receive from `topic` (Shared, Earliest) until `expect` messages or `timeout` seconds."""
+    return receive_messages(client, topic, sub, expect, timeout, stop)
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 20.0, interval: float = 0.05) -> bool:
+    """Poll `cond` until true or `timeout`; returns its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(interval)
+    return cond()
+
+
+def count_by(messages: List[pulsar.Message], fn: Callable[[pulsar.Message], str]) -> Dict[str, int]:
+    """How often each key (fn(message)) occurs."""
+    out: Dict[str, int] = {}
+    for m in messages:
+        k = fn(m)
+        out[k] = out.get(k, 0) + 1
+    return out
+
+
+def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List[Dict[str, str]]] = None,
+                rounds: int = 5) -> None:
+    """Send every payload, re-sending those whose send failed.
+
+    pulsar-lite occasionally fails a batch while a topic is being created; a test's own inputs
+    must all exist before it can count what the function did with them.
+    """
+    todo = list(range(len(payloads)))
+    for _ in range(rounds):
+        failed: List[int] = []
+        for i in todo:
+            props = properties[i] if properties else None
+            prod.send_async(payloads[i], lambda res, _mid, i=i, failed=failed: res == pulsar.Result.Ok or failed.append(i),
+                            properties=props)
+        prod.flush()
+        if not failed:
+            return
+        todo = failed
+    raise AssertionError(f"{len(todo)} inputs could not be published")
+
+
+def shipped_writer_spec(unique: str, prefix: str, **user):
+    """(FunctionSpec, scheduling topic) of the shipped BucketSnapshotWriter config with this
+    test's topics (direct intake, tick topic the only input, runner ticks every 200 ms) and `user` merged
+    into its userConfig. Without `snapshotDir` the index lives in the local runner's --data-dir."""
+
+    from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+
+    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer.yaml")
+    sched = f"persistent://public/default/{prefix}sched-{unique}"
+    ticks = f"persistent://public/default/{prefix}ticks-{unique}"
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
+    cfg["output"] = f"persistent://public/default/{prefix}released-{unique}"
+    cfg["name"] = f"{prefix}writer-{unique}"
+    # tickMode runner: the local runner's ticks start it (the tick topic is the only input here).
+    user = {"tickMode": "runner", **user}
+    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickTimeMillis=200, schedulingTopic=sched, **user)
+    return spec_from_config(cfg), sched
+
+
+def receive_payloads(consumer: pulsar.Consumer, want: int, timeout: float) -> List[str]:
+    """Payloads (decoded) from an open consumer, acked, until `want` or `timeout` seconds."""
+    got: List[str] = []
+    deadline = time.monotonic() + timeout
+    while len(got) < want and time.monotonic() < deadline:
+        try:
+            m = consumer.receive(timeout_millis=200)
+        except pulsar.Timeout:
+            continue
+        got.append(m.data().decode())
+        consumer.acknowledge(m)
+    return got

@@ -1,0 +1,301 @@
+"""Imports flow one way (STYLE §1): a static walk of every module of pulsar_lifecycle.
+
+The graph holds module-level AND function-level imports of the package's own modules (imports
+under `if TYPE_CHECKING:` are left out: they never run). The build fails on
+* an import cycle between modules, or between top-level packages;
+* an import from a lower layer to a higher one (LAYERS below, longest prefix wins);
+* a function-level import of the package's own modules not listed in LAZY_IMPORTS with a reason;
+* a pure engine module importing Pulsar I/O (the `pulsar` client or an adapter);
+* two classes with the same name in different modules (one name, one meaning).
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterator, List, Set, Tuple
+
+from support.paths import REPO, TESTS
+
+ROOT = REPO / "shared" / "pulsar_lifecycle"
+PKG = "pulsar_lifecycle"
+
+# Lowest first. A module may import modules of its own layer or of a lower one, never a higher one.
+LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("foundation: errors, wire protocol, names, time, durable files, building blocks", (
+        "pulsar_lifecycle",  # the package __init__ and any root module not named below
+        "pulsar_lifecycle.config",  # converters and settings every feature's config uses
+    )),
+    ("stores and the Pulsar Functions seam", (
+        "pulsar_lifecycle.state",
+        "pulsar_lifecycle.runtime.context_api",
+        "pulsar_lifecycle.runtime.client",
+        "pulsar_lifecycle.runtime.metrics",
+        "pulsar_lifecycle.runtime.classloader",
+    )),
+    ("engines and their stores, producers", (
+        "pulsar_lifecycle.bucket",
+        "pulsar_lifecycle.dedup",
+        "pulsar_lifecycle.timing",
+    )),
+    ("two-phase deletion (contract, backends, worker)", ("pulsar_lifecycle.deletion",)),
+    ("the bucket writer (intake, release, wiring)", ("pulsar_lifecycle.scheduler",)),
+    ("delay-level topics", ("pulsar_lifecycle.delaylevel",)),
+    ("function registry, config loading and validation, docs tables", (
+        "pulsar_lifecycle.function_registry",
+        "pulsar_lifecycle.docs_reference",
+        "pulsar_lifecycle.config.function_config",
+        "pulsar_lifecycle.config.validate",
+    )),
+    ("entry points: local runner, CLI, demo, packaging, offline Spark jobs", (
+        "pulsar_lifecycle.runtime",
+        "pulsar_lifecycle.cli",
+        "pulsar_lifecycle.demo",
+        "pulsar_lifecycle.packaging",
+        "pulsar_lifecycle.spark",
+        "pulsar_lifecycle.deletion.cli",
+    )),
+)
+
+# Pure engines: no Pulsar I/O, no adapters (STYLE §1). Prefixes; EXCEPT wins over them.
+ENGINES = (
+    "pulsar_lifecycle.bucket",
+    "pulsar_lifecycle.dedup.sequence_map",
+    "pulsar_lifecycle.deletion.engine",
+    "pulsar_lifecycle.deletion.cache",
+    "pulsar_lifecycle.deletion.model",
+    "pulsar_lifecycle.delaylevel.strategy",
+    "pulsar_lifecycle.delaylevel.rule",
+)
+ENGINES_EXCEPT = ("pulsar_lifecycle.bucket.storage",)  # the snapshot stores are adapters
+ADAPTERS = ("pulsar_lifecycle.state", "pulsar_lifecycle.runtime", "pulsar_lifecycle.scheduler",
+            "pulsar_lifecycle.dedup.publisher", "pulsar_lifecycle.deletion.storage")
+
+# Function-level imports of the package's own modules allowed, by importing module: why.
+_CLI = ("CLI command bodies import their implementation when the command runs, so `--help` and "
+        "unrelated commands load neither pulsar-client, pulsar-lite nor PySpark")
+LAZY_IMPORTS: Dict[str, str] = {
+    "pulsar_lifecycle.cli": _CLI,
+    "pulsar_lifecycle.deletion.cli": _CLI,
+    "pulsar_lifecycle.spark.export_cli": _CLI,
+    "pulsar_lifecycle.spark.seed_cli": _CLI,
+    "pulsar_lifecycle.spark.verify_cli": _CLI,
+    "pulsar_lifecycle.spark.orphans_cli": _CLI,
+    "pulsar_lifecycle.state": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
+    "pulsar_lifecycle.bucket.storage": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
+}
+
+# Class names defined in more than one module on purpose, with the reason.
+SAME_NAME_ALLOWED: Dict[str, str] = {}
+
+
+@dataclass(frozen=True)
+class Edge:
+    source: str
+    target: str
+    line: int
+    function_level: bool
+
+
+def _modules(root: Path = ROOT) -> Dict[str, Tuple[Path, bool]]:
+    mods: Dict[str, Tuple[Path, bool]] = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        is_pkg = parts[-1] == "__init__"
+        if is_pkg:
+            parts = parts[:-1]
+        mods[".".join(parts)] = (path, is_pkg)
+    return mods
+
+
+def _resolve(name: str, mods: Dict[str, Tuple[Path, bool]]) -> str:
+    while name not in mods and "." in name:
+        name = name.rsplit(".", 1)[0]
+    return name
+
+
+def _is_type_checking(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+
+
+def import_graph(root: Path = ROOT) -> Tuple[Dict[str, Tuple[Path, bool]], List[Edge]]:
+    """Every import of the package's own modules, module-level and function-level."""
+    mods = _modules(root)
+    edges: List[Edge] = []
+    for mod, (path, is_pkg) in mods.items():
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+        def walk(node: ast.AST, in_function: bool) -> Iterator[Tuple[ast.AST, bool]]:
+            for child in ast.iter_child_nodes(node):
+                if _is_type_checking(child):
+                    continue
+                fn = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                yield child, fn
+                yield from walk(child, fn)
+
+        for node, fn in walk(tree, False):
+            targets: List[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names if a.name.split(".")[0] == PKG]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = mod if is_pkg else mod.rsplit(".", 1)[0]
+                    for _ in range(node.level - 1):
+                        base = base.rsplit(".", 1)[0]
+                    source = f"{base}.{node.module}" if node.module else base
+                else:
+                    source = node.module or ""
+                if source.split(".")[0] != PKG:
+                    continue
+                # `from pkg import sub` imports the submodule; `from mod import name` the module.
+                targets = [f"{source}.{a.name}" if f"{source}.{a.name}" in mods else source for a in node.names]
+            for t in targets:
+                target = _resolve(t, mods)
+                if target != mod:
+                    edges.append(Edge(mod, target, node.lineno, fn))  # type: ignore[attr-defined]
+    return mods, edges
+
+
+def layer_of(module: str) -> int:
+    best, rank = -1, -1
+    for i, (_, prefixes) in enumerate(LAYERS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > best:
+                best, rank = len(p), i
+    assert rank >= 0, f"{module} is in no layer: add it to LAYERS in tests/unit/test_layers.py"
+    return rank
+
+
+def _matches(module: str, prefixes: Tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def strongly_connected_components(graph: Dict[str, Set[str]]) -> List[List[str]]:
+    """Tarjan's algorithm (iterative); only components with more than one node."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    result: List[List[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            advanced = False
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph.get(child, ())))))
+                    advanced = True
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp.append(w)
+                    if w == node:
+                        break
+                if len(comp) > 1:
+                    result.append(sorted(comp))
+    return result
+
+
+def _top(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_every_module_has_a_layer() -> None:
+    mods, _ = import_graph()
+    for mod in mods:
+        layer_of(mod)
+
+
+def test_no_module_cycles() -> None:
+    _, edges = import_graph()
+    graph: Dict[str, Set[str]] = defaultdict(set)
+    for e in edges:
+        graph[e.source].add(e.target)
+    assert strongly_connected_components(graph) == []
+
+
+def test_no_package_cycles() -> None:
+    _, edges = import_graph()
+    graph: Dict[str, Set[str]] = defaultdict(set)
+    for e in edges:
+        if _top(e.source) != _top(e.target):
+            graph[_top(e.source)].add(_top(e.target))
+    assert strongly_connected_components(graph) == []
+
+
+def test_no_upward_imports() -> None:
+    _, edges = import_graph()
+    upward = [f"{e.source}:{e.line} ({LAYERS[layer_of(e.source)][0].split(':')[0]}) imports {e.target} "
+              f"({LAYERS[layer_of(e.target)][0].split(':')[0]})"
+              for e in edges if layer_of(e.target) > layer_of(e.source)]
+    assert upward == [], "\n".join(upward)
+
+
+def test_function_level_imports_have_a_reason() -> None:
+    _, edges = import_graph()
+    unlisted = sorted({f"{e.source}:{e.line} imports {e.target} inside a function" for e in edges
+                       if e.function_level and e.source not in LAZY_IMPORTS})
+    assert unlisted == [], "\n".join(unlisted)
+
+
+def test_engines_know_no_pulsar_io() -> None:
+    mods, edges = import_graph()
+    bad = [f"{e.source}:{e.line} imports adapter {e.target}" for e in edges
+           if _matches(e.source, ENGINES) and not _matches(e.source, ENGINES_EXCEPT) and _matches(e.target, ADAPTERS)]
+    for mod, (path, _) in mods.items():
+        if not _matches(mod, ENGINES) or _matches(mod, ENGINES_EXCEPT):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            bad += [f"{mod}:{node.lineno} imports {n}" for n in names if n.split(".")[0] == "pulsar"]  # type: ignore[attr-defined]
+    assert bad == [], "\n".join(bad)
+
+
+def test_one_name_one_class() -> None:
+    mods, _ = import_graph()
+    where: Dict[str, List[str]] = defaultdict(list)
+    for mod, (path, _) in mods.items():
+        if "_pb2" in mod:
+            continue  # generated protobuf modules
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+                where[node.name].append(mod)
+    dupes = {name: ms for name, ms in where.items() if len(ms) > 1 and name not in SAME_NAME_ALLOWED}
+    assert dupes == {}, "\n".join(f"{n}: {ms}" for n, ms in dupes.items())
+
+
+def test_no_test_module_imports_another() -> None:
+    tests_dir = TESTS
+    bad = []
+    for path in sorted(tests_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            bad += [f"{path.relative_to(tests_dir)}:{node.lineno} imports {n}"  # type: ignore[attr-defined]
+                    for n in names if n.split(".")[-1].startswith("test_")]
+    assert bad == [], "helpers belong in fixture/support modules: " + "; ".join(bad)
