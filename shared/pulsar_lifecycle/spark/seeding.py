@@ -13,7 +13,7 @@ import gc
 import logging
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -181,7 +181,9 @@ def _add_seen(seen: LedgerBitmaps, ledgers: Any, ids: Any) -> None:
 def _segment(messages: List[DelayedMessage], ts: List[int], ledgers: Any, ids: Any, s: int, e: int) -> CutSegment:
     """Segment [s, e) of the sorted items: encoded in one call (encode_segment), closed by the
     engine's make_segment."""
-    index_ids, entry_ids, packed_ids = {}, {}, {}
+    index_ids: Dict[int, Any] = {}
+    entry_ids: Dict[int, BitMap] = {}
+    packed_ids: Dict[int, BitMap] = {}
     for ledger, lids in _by_ledger(ledgers[s:e], ids[s:e]):
         index_ids[ledger] = None  # make_segment takes the ledgers from here, the bitmaps from below
         entry_ids[ledger] = _bitmap(lids >> np.uint64(BATCH_BITS))  # = entry_bitmap(index ids), columnar
