@@ -90,6 +90,8 @@ def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:
 @click.option("--hostname-verification-enabled", type=bool, default=False)
 @click.option("--tls-trust-cert-path", default=None)
 @click.option("--instance-id-offset", type=int, default=0)
+@click.option("--num-instances", type=int, default=None,
+              help="Instances of the function in all processes (get_num_instances); default offset + parallelism.")
 @click.option("--metrics-port-start", "metrics_port", type=int, default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = any free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
@@ -103,7 +105,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
              auto_ack: Optional[bool], timeout_ms: Optional[int], client_auth_plugin: Optional[str],
              client_auth_params: Optional[str], use_tls: bool, tls_allow_insecure: bool,
              hostname_verification_enabled: bool, tls_trust_cert_path: Optional[str], instance_id_offset: int,
-             metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
+             num_instances: Optional[int], metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
     """Run a function locally, like `pulsar-admin functions localrun`."""
     from .config.function_config import FunctionConfigError, load_function_config, spec_from_config
     from .runtime.client import ClientSettings
@@ -127,7 +129,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
         client=ClientSettings(broker_service_url or "", client_auth_plugin, client_auth_params, use_tls,
                               tls_allow_insecure, hostname_verification_enabled, tls_trust_cert_path),
         data_dir=Path(data_dir), metrics_port=metrics_port, embedded_broker_port=embedded_broker_port,
-        instance_id_offset=instance_id_offset,
+        instance_id_offset=instance_id_offset, num_instances=num_instances,
     )
     runner = LocalRunner(spec, opts)
     try:

@@ -54,7 +54,8 @@ def prepare_data_dir(path: Path) -> None:
         raise DataDirError(f"--data-dir {path}: a parent of it is a regular file, not a directory") from None
     except OSError as exc:
         raise DataDirError(f"--data-dir {path} cannot be created: {exc.strerror} ({errno.errorcode.get(exc.errno or 0, exc.errno)})") from None
-    probe = path / ".write-probe"
+    # Per process: several localruns may share one --data-dir with an external broker.
+    probe = path / f".write-probe.{os.getpid()}"
     try:
         atomic_write(probe, b"ok")
         probe.unlink()
@@ -114,6 +115,9 @@ class LocalRunOptions:
     metrics_port: Optional[int] = None
     embedded_broker_port: int = 0
     instance_id_offset: int = 0
+    # All instances of the function, in this process and others (pulsar-admin localrun's
+    # instances split over processes with --instance-id-offset); None = offset + parallelism.
+    num_instances: Optional[int] = None
     # Pulsar's Python runtime ignores negativeAckRedeliveryDelayMs and uses the client's 60 s.
     nack_redelivery_delay_ms: int = 60000
 
@@ -177,9 +181,13 @@ class LocalRunner:
         client = make_client(settings)
         self._clients.append(client)
         parallelism = max(1, int(spec.parallelism or 1))
+        total = self.options.num_instances or self.options.instance_id_offset + parallelism
+        if total < self.options.instance_id_offset + parallelism:
+            raise ValueError(f"--num-instances {total} is below --instance-id-offset + parallelism "
+                             f"({self.options.instance_id_offset + parallelism})")
         for i in range(parallelism):
             identity = FunctionIdentity(spec.tenant, spec.namespace, spec.name, self.options.instance_id_offset + i,
-                                        function_id, "local", num_instances=self.options.instance_id_offset + parallelism)
+                                        function_id, "local", num_instances=total)
             ctx = LocalContext(
                 identity=identity, client=client, consumers={}, input_topics=list(spec.inputs),
                 output_topic=spec.output, output_serde_class_name=spec.output_serde_class_name or "serde.IdentitySerDe",

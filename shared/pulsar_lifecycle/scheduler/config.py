@@ -229,9 +229,6 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
         elif sched in [normalize_topic(t) for t in inputs]:
             problems.append(f"userConfig schedulingTopicPartitions={partitions}: the scheduling topic {sched} must not "
                             "be a function input (each owned partition has its own consumer); inputs: tickTopic only")
-        if text("snapshotStorage") == "bookkeeper":
-            problems.append("userConfig schedulingTopicPartitions needs snapshotStorage=directory: partition leases "
-                            "on the BookKeeper table service are not implemented yet (docs/scaling.md)")
     try:
         scheduling_input(inputs, topics)
     except (ValueError, TypeError) as exc:

@@ -11,6 +11,7 @@ from ..bucket import BucketIndex
 from ..bucket.storage import (
     BucketSnapshotStorage,
     DirectorySnapshotStorage,
+    bookkeeper_partition_storage,
     bookkeeper_snapshot_storage,
     lock_exclusively,
 )
@@ -68,22 +69,26 @@ def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: 
     """Take partition `partition`'s lease (LeaseBusyError while another owner holds it) and open
     its snapshot namespace behind the lease's fence; returns the store and the release check.
     The lease keeper (renews; releases on close) goes to `resources`."""
-    if cfg.snapshot_storage == "bookkeeper":
-        raise ConfigError("userConfig schedulingTopicPartitions > 0 needs snapshotStorage=directory (a directory "
-                          "every instance shares); partition leases on the BookKeeper table service are not "
-                          "implemented yet (docs/scaling.md)")
-    base = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context, per_instance=False)
-    root = base / partition_label(partition)
-    leases = DirectoryLease(root)
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
+    owner = f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}"
     ttl_ms = cfg.partition_lease_seconds * 1000
-    try:
-        lease = leases.acquire(f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}", ttl_ms)
-    except BaseException:
-        leases.close()
-        raise
+    leases: Any
+    if cfg.snapshot_storage == "bookkeeper":
+        inner, leases, lease = bookkeeper_partition_storage(
+            cfg.snapshot_storage_service_url, context.get_function_tenant(), context.get_function_namespace(),
+            context.get_function_name(), partition_label(partition), owner, ttl_ms)
+    else:
+        base = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context, per_instance=False)
+        root = base / partition_label(partition)
+        leases = DirectoryLease(root)
+        try:
+            lease = leases.acquire(owner, ttl_ms)
+        except BaseException:
+            leases.close()
+            raise
+        inner = DirectorySnapshotStorage(root)
     resources.append(LeaseKeeper(leases, lease, ttl_ms).start())
-    return FencedSnapshotStorage(DirectorySnapshotStorage(root), leases, lease), lambda: leases.check(lease)
+    return FencedSnapshotStorage(inner, leases, lease), lambda: leases.check(lease)
 
 
 def state_location(context: Any, key_prefix: str) -> str:

@@ -21,7 +21,7 @@ import collections
 import logging
 import urllib.parse
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, TypeVar, Union
 
 import grpc
 from bookkeeper import types as bk_types
@@ -29,7 +29,7 @@ from bookkeeper.admin.client import Client as AdminClient
 from bookkeeper.admin.namespaces import Namespaces
 from bookkeeper.common import exceptions as bk_exceptions
 from bookkeeper.kv.client import Client as KvClient
-from bookkeeper.proto import kv_pb2, stream_pb2
+from bookkeeper.proto import kv_pb2, kv_rpc_pb2, stream_pb2
 from bookkeeper.proto.storage_pb2_grpc import RootRangeServiceStub
 
 from .base import StateError, table_namespace
@@ -285,6 +285,66 @@ class BookKeeperTable:
     def delete(self, key: bytes) -> None:
         """Remove `key`; a missing key is not an error."""
         self._call(f"delete {key!r}", lambda: self._table.delete(key))
+
+    # -- routed calls: keys scoped by an explicit routing key ------------------------------------
+    # The python client routes every key by itself (r_key == key). A Txn runs in the range of its
+    # one routing key and its compares and operations see the keys under that routing key only,
+    # so keys that must be changed together with a guard (a partition's lease and its index) are
+    # all read and written under one shared routing key through these calls.
+    def _routing(self, r_key: bytes) -> Tuple[kv_rpc_pb2.RoutingHeader, List[Tuple[str, bytes]]]:
+        sid = self.stream_id
+        return (kv_rpc_pb2.RoutingHeader(stream_id=sid, r_key=r_key),
+                [("bk-rt-sid-bin", sid.to_bytes(8, "big")), ("bk-rt-key-bin", r_key)])
+
+    def _service(self) -> Any:
+        return self._table.__table_service__  # the client's TableServiceStub (not name-mangled)
+
+    def routed_put(self, r_key: bytes, key: bytes, value: bytes) -> None:
+        """put under routing key `r_key`."""
+        header, md = self._routing(r_key)
+        req = kv_rpc_pb2.PutRequest(key=key, value=value, header=header)
+        self._call(f"put {key!r}", lambda: bk_exceptions.from_table_rpc_response(self._service().Put(req, metadata=md)),
+                   " (the key holds a counter; a table-service key holds either bytes or a counter)")
+
+    def routed_get(self, r_key: bytes, key: bytes) -> Optional[kv_pb2.KeyValue]:
+        """get under routing key `r_key`."""
+        header, md = self._routing(r_key)
+        req = kv_rpc_pb2.RangeRequest(key=key, header=header)
+        resp = self._call(f"get {key!r}",
+                          lambda: bk_exceptions.from_table_rpc_response(self._service().Range(req, metadata=md)))
+        return resp.kvs[0] if resp.count else None
+
+    def routed_delete(self, r_key: bytes, key: bytes) -> None:
+        """delete under routing key `r_key` (a missing key is not an error)."""
+        header, md = self._routing(r_key)
+        req = kv_rpc_pb2.DeleteRangeRequest(key=key, header=header)
+        self._call(f"delete {key!r}",
+                   lambda: bk_exceptions.from_table_rpc_response(self._service().Delete(req, metadata=md)))
+
+    def routed_incr(self, r_key: bytes, key: bytes, amount: int) -> None:
+        """incr under routing key `r_key`."""
+        header, md = self._routing(r_key)
+        req = kv_rpc_pb2.IncrementRequest(key=key, amount=amount, header=header)
+        self._call(f"incr {key!r}",
+                   lambda: bk_exceptions.from_table_rpc_response(self._service().Increment(req, metadata=md)),
+                   " (the key holds bytes, not a counter)")
+
+    def txn(self, r_key: bytes, guards: Sequence[Tuple[bytes, bytes]],
+            puts: Sequence[Tuple[bytes, bytes]] = (), deletes: Sequence[bytes] = ()) -> bool:
+        """Atomically: if every guard key's value equals the given bytes (b"" = the key is absent),
+        apply `puts` and `deletes`; returns whether the guards held (nothing changed if not)."""
+        header, md = self._routing(r_key)
+        value_target = kv_rpc_pb2.Compare.CompareTarget.Value("VALUE")
+        equal = kv_rpc_pb2.Compare.CompareResult.Value("EQUAL")
+        req = kv_rpc_pb2.TxnRequest(
+            header=header,
+            compare=[kv_rpc_pb2.Compare(target=value_target, result=equal, key=k, value=v) for k, v in guards],
+            success=[kv_rpc_pb2.RequestOp(request_put=kv_rpc_pb2.PutRequest(key=k, value=v, header=header))
+                     for k, v in puts]
+            + [kv_rpc_pb2.RequestOp(request_delete_range=kv_rpc_pb2.DeleteRangeRequest(key=k, header=header))
+               for k in deletes])
+        resp = self._call("txn", lambda: bk_exceptions.from_table_rpc_response(self._service().Txn(req, metadata=md)))
+        return bool(resp.succeeded)
 
     def close(self) -> None:
         """Close the gRPC channel. Calls after close raise StateError."""

@@ -17,7 +17,7 @@ from pulsar_lifecycle.bucket import (
     SnapshotNotFoundError,
     StorageError,
 )
-from pulsar_lifecycle.bucket.storage import BucketSnapshotStorage
+from pulsar_lifecycle.bucket.storage import BucketSnapshotStorage, bookkeeper_partition_storage
 from pulsar_lifecycle.bucket.storage.bookkeeper import BookKeeperTableSnapshotStorage
 from servers.bk_table_server import TableServer, start_table_server
 
@@ -28,20 +28,34 @@ def bk_server() -> Iterator[TableServer]:
         yield srv
 
 
-@pytest.fixture(params=["memory", "directory", "bookkeeper"])
+@pytest.fixture(params=["memory", "directory", "bookkeeper", "bookkeeper-partition"])
 def make_storage(request, tmp_path: Path) -> Iterator[Callable[[], BucketSnapshotStorage]]:
     """A factory opening the SAME storage again (as a restarted process would)."""
     opened = []
     kind = request.param
     table = re.sub(r"\W", "_", request.node.name)[:60]
     mem = MemorySnapshotStorage()
-    server = request.getfixturevalue("bk_server") if kind == "bookkeeper" else None
+    owner: list = []  # bookkeeper-partition: (lease store, lease) of the first open
+    server = request.getfixturevalue("bk_server") if kind.startswith("bookkeeper") else None
 
     def _open() -> BucketSnapshotStorage:
         if kind == "memory":
             return mem
         if kind == "directory":
             st = DirectorySnapshotStorage(tmp_path / "snap")
+        elif kind == "bookkeeper-partition":
+            # A scheduling partition's store: every key routed by the partition prefix, every write
+            # a Txn guarded by the partition lease (taken by the first open; later opens write
+            # under the same lease).
+            if not owner:
+                st, leases, lease = bookkeeper_partition_storage(server.url, "my-tenant", "my-ns", table,
+                                                                 "partition-3", "owner", 60_000)
+                owner.extend([leases, lease])
+                opened.append(leases)
+            else:
+                leases, lease = owner
+                st = BookKeeperTableSnapshotStorage(table=leases.table, prefix=leases.prefix,
+                                                    routing_key=leases.routing_key, fence=leases.guard(lease))
         else:
             st = BookKeeperTableSnapshotStorage(server.url, "my-tenant", "my-ns", table, chunk_size=4096)
         opened.append(st)

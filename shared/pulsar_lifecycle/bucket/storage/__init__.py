@@ -39,6 +39,7 @@ __all__ = [
     "SnapshotStoreUrl",
     "SnapshotWriter",
     "StorageError",
+    "bookkeeper_partition_storage",
     "bookkeeper_snapshot_storage",
     "check_bucket_id",
     "check_entry_range",
@@ -90,8 +91,40 @@ def bookkeeper_snapshot_storage(service_url: str, tenant: str, namespace: str, n
     """The BookKeeper table-service snapshot store of the writer `tenant/namespace/name`."""
     from .bookkeeper import BookKeeperTableSnapshotStorage
 
+    return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, _bk_table_name(name))
+
+
+def _bk_table_name(name: str) -> str:
     # The table service allows letters, digits and '_' only; function names may also hold '-' and '.'.
-    return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, re.sub(r"[^A-Za-z0-9_]", "_", f"{name}_buckets"))
+    return re.sub(r"[^A-Za-z0-9_]", "_", f"{name}_buckets")
+
+
+def bookkeeper_partition_storage(service_url: str, tenant: str, namespace: str, name: str, label: str,
+                                 owner: str, ttl_ms: int, clock: Optional[Any] = None) -> Tuple[BucketSnapshotStorage, Any, Any]:
+    """(fenced store, lease store, lease) of one scheduling partition of the writer
+    `tenant/namespace/name` on the table service: its keys under `bucket/<label>/`, all routed
+    by that prefix; the lease is taken first (LeaseBusyError while another owner holds it).
+    `clock` (ms) decides lease expiry; tests pass a FakeClock."""
+    from ...state.base import StateError, table_namespace
+    from ...state.bk_table import BookKeeperTable
+    from .bookkeeper import BookKeeperTableSnapshotStorage
+    from .bookkeeper_lease import BookKeeperLease
+
+    prefix = f"bucket/{label}/"
+    try:
+        table = BookKeeperTable(service_url, table_namespace(tenant, namespace), _bk_table_name(name))
+    except StateError as exc:
+        raise SnapshotStorageError(str(exc)) from exc
+    leases = (BookKeeperLease(table, prefix, own_table=True) if clock is None
+              else BookKeeperLease(table, prefix, own_table=True, clock=clock))
+    try:
+        lease = leases.acquire(owner, ttl_ms)
+    except BaseException:
+        leases.close()
+        raise
+    storage = BookKeeperTableSnapshotStorage(table=table, prefix=prefix, routing_key=leases.routing_key,
+                                             fence=leases.guard(lease))
+    return storage, leases, lease
 
 
 def open_snapshot_storage(url: str) -> BucketSnapshotStorage:

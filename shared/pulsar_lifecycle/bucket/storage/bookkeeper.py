@@ -37,6 +37,7 @@ from .base import (
     check_entry_range,
     write_whole,
 )
+from .lease import LeaseLostError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,8 @@ class BookKeeperTableSnapshotStorage:
         *,
         prefix: str = "bucket/",
         table: Optional[BookKeeperTable] = None,
+        routing_key: Optional[bytes] = None,
+        fence: Optional[Tuple[bytes, bytes]] = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
@@ -100,6 +103,13 @@ class BookKeeperTableSnapshotStorage:
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a str, got {prefix!r}")
         self._prefix = prefix.encode("utf-8")
+        # routing_key: every key of this index under one routing key (one range), so a Txn can
+        # guard its writes; fence: (key, value) every put and delete is conditioned on (the
+        # partition lease's epoch record, bookkeeper_lease.py): a stale owner's write is refused.
+        if fence is not None and routing_key is None:
+            raise ValueError("a fenced BookKeeperTableSnapshotStorage needs a routing_key")
+        self._rkey = routing_key
+        self._fence = fence
         self._chunk = chunk_size
         self._own_table = table is None
         if table is None:
@@ -134,8 +144,43 @@ class BookKeeperTableSnapshotStorage:
         except StateError as exc:
             raise StorageError(str(exc)) from exc
 
+    def _tget(self, key: bytes):
+        if self._rkey is None:
+            return self._call(self._table.get, key)
+        return self._call(self._table.routed_get, self._rkey, key)
+
+    def _tput(self, key: bytes, value: bytes) -> None:
+        if self._fence is not None:
+            self._fenced(key, puts=[(key, value)])
+        elif self._rkey is None:
+            self._call(self._table.put, key, value)
+        else:
+            self._call(self._table.routed_put, self._rkey, key, value)
+
+    def _tdelete(self, key: bytes) -> None:
+        if self._fence is not None:
+            self._fenced(key, deletes=[key])
+        elif self._rkey is None:
+            self._call(self._table.delete, key)
+        else:
+            self._call(self._table.routed_delete, self._rkey, key)
+
+    def _tincr(self, key: bytes, amount: int) -> None:
+        # Not fenced (a Txn has no increment): a stale owner's increment only skips bucket ids;
+        # every write under an id it then got is fenced.
+        if self._rkey is None:
+            self._call(self._table.incr, key, amount)
+        else:
+            self._call(self._table.routed_incr, self._rkey, key, amount)
+
+    def _fenced(self, key: bytes, puts=(), deletes=()) -> None:
+        assert self._fence is not None and self._rkey is not None
+        if not self._call(self._table.txn, self._rkey, [self._fence], puts, deletes):
+            raise LeaseLostError(f"{self!r}: write of {key!r} refused: the partition lease "
+                                 f"{self._fence[1].decode('utf-8', 'replace')} was taken over (this owner is fenced)")
+
     def _get_raw(self, key: bytes) -> Optional[bytes]:
-        kv = self._call(self._table.get, key)
+        kv = self._tget(key)
         if kv is None:
             return None
         if kv.is_number:
@@ -146,14 +191,14 @@ class BookKeeperTableSnapshotStorage:
         """Put `data` under `key`; `replace` when an older (maybe chunked) value may exist."""
         old = self._get_raw(key) if replace else None
         if len(data) <= self._chunk:
-            self._call(self._table.put, key, _INLINE + data)
+            self._tput(key, _INLINE + data)
         else:
             version = int.from_bytes(os.urandom(8), "little")
             chunks = [data[i:i + self._chunk] for i in range(0, len(data), self._chunk)]
             for i, chunk in enumerate(chunks):
-                self._call(self._table.put, self._chunk_key(key, version, i), chunk)
+                self._tput(self._chunk_key(key, version, i), chunk)
             header = _CHUNK_HEADER.pack(version, len(chunks), len(data), zlib.crc32(data))
-            self._call(self._table.put, key, _CHUNKED + header)
+            self._tput(key, _CHUNKED + header)
         if old is not None and old[:1] == _CHUNKED:
             self._delete_chunks(key, old)
 
@@ -164,7 +209,7 @@ class BookKeeperTableSnapshotStorage:
     def _delete_chunks(self, key: bytes, header_value: bytes) -> None:
         version, n, _, _ = _CHUNK_HEADER.unpack(header_value[1:])
         for i in range(n):
-            self._call(self._table.delete, self._chunk_key(key, version, i))
+            self._tdelete(self._chunk_key(key, version, i))
 
     def _get_value(self, key: bytes) -> Optional[bytes]:
         raw = self._get_raw(key)
@@ -190,13 +235,13 @@ class BookKeeperTableSnapshotStorage:
         raw = self._get_raw(key)
         if raw is None:
             return
-        self._call(self._table.delete, key)
+        self._tdelete(key)
         if raw[:1] == _CHUNKED:
             self._delete_chunks(key, raw)
 
     # -- snapshots ----------------------------------------------------------------------------
     def _counter(self) -> int:
-        kv = self._call(self._table.get, self._k("ids"))
+        kv = self._tget(self._k("ids"))
         if kv is None:
             return 0
         if not kv.is_number:
@@ -208,14 +253,14 @@ class BookKeeperTableSnapshotStorage:
         Call it from one process (the seeder's driver): increment then read is not atomic."""
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise StorageError(f"{self!r}: reserve count must be a positive int, got {count!r}")
-        self._call(self._table.incr, self._k("ids"), count)
+        self._tincr(self._k("ids"), count)
         return self._counter() - count + 1
 
     def begin_snapshot(self, bucket_key: str, topic: str, cursor: str,
                        bucket_id: Optional[int] = None) -> _BkWriter:
         if bucket_id is None:
             # Single writer per index: increment then read gives the id we allocated.
-            self._call(self._table.incr, self._k("ids"), 1)
+            self._tincr(self._k("ids"), 1)
             bid = self._counter()
         else:
             bid = check_bucket_id(bucket_id)

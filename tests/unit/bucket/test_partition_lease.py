@@ -80,6 +80,24 @@ def test_renew_rules():
 # -- the directory store --------------------------------------------------------------------------
 
 
+def assert_fenced(old_store, old_leases, old, new_store, new_leases, new, snap) -> None:
+    """The paused old owner resumes after `new` took over: every write, renewal and release check
+    of it is refused, the index is as the new owner recovered it, its release leaves `new` alone."""
+    for write in (lambda: old_store.put_cursor(b"stale"), lambda: old_store.journal_append(b"stale"),
+                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(snap),
+                  lambda: old_store.create_snapshot(b"m", [b"s"], "k", "t", "c"),
+                  lambda: old_leases.check(old), lambda: old_leases.renew(old, 5000)):
+        with pytest.raises(LeaseLostError):
+            write()
+    assert new_store.get_cursor() == b"c1"
+    assert [p for _, p in new_store.journal_read()] == [b"r1"]
+    assert new_store.list_snapshots() == [snap]
+    assert new_store.get_metadata(snap) == b"m0"
+    new_store.put_cursor(b"c2")
+    old_leases.release(old)
+    new_leases.check(new)
+
+
 def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     """A paused (not dead) owner: the new owner waits out its lease, then the old one is refused."""
     clock = FakeClock(1_000_000)
@@ -89,6 +107,7 @@ def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     old_store = FencedSnapshotStorage(DirectorySnapshotStorage(root), old_leases, old)
     old_store.put_cursor(b"c1")
     old_store.journal_append(b"r1")
+    snap = old_store.create_snapshot(b"m0", [b"s0"], "k", "t", "c")
 
     new_leases = DirectoryLease(root, clock=clock)  # its own owner.lock: the old one is "alive"
     with pytest.raises(LeaseBusyError):
@@ -100,19 +119,7 @@ def test_busy_until_expiry_then_old_owner_fenced(tmp_path):
     assert new_store.get_cursor() == b"c1"  # recovered from the shared store
 
     # The old owner wakes up: every write and every release check is refused, nothing changed.
-    for write in (lambda: old_store.put_cursor(b"stale"), lambda: old_store.journal_append(b"stale"),
-                  lambda: old_store.put_manifest(b"stale"), lambda: old_store.delete(1),
-                  lambda: old_store.create_snapshot(b"m", [b"s"], "k", "t", "c"),
-                  lambda: old_leases.check(old), lambda: old_leases.renew(old, 5000)):
-        with pytest.raises(LeaseLostError):
-            write()
-    assert new_store.get_cursor() == b"c1"
-    assert [p for _, p in new_store.journal_read()] == [b"r1"]
-    assert new_store.list_snapshots() == []
-    new_store.put_cursor(b"c2")
-    # A release by the fenced owner leaves the new lease alone.
-    old_leases.release(old)
-    new_leases.check(new)
+    assert_fenced(old_store, old_leases, old, new_store, new_leases, new, snap)
     old_leases.close()
     new_leases.close()
 
@@ -190,6 +197,47 @@ def test_keeper_reports_a_take_over(tmp_path):
     thief.close()
 
 
+# -- the BookKeeper table service store (local gRPC server) ----------------------------------------
+
+
+def test_bookkeeper_paused_owner_is_fenced_by_txn(tmp_path):
+    """Same scenario on the table service: takes and writes are Txns guarded by the epoch key."""
+    from pulsar_lifecycle.bucket.storage import bookkeeper_partition_storage
+    from pulsar_lifecycle.bucket.storage.bookkeeper_lease import BookKeeperLease
+    from pulsar_lifecycle.state.bk_table import BookKeeperTable
+    from servers.bk_table_server import start_table_server
+
+    clock = FakeClock(1_000_000)
+
+    def open_partition(label: str, owner: str):
+        return bookkeeper_partition_storage(server.url, "t", "ns", "w", label, owner, 5000, clock=clock)
+
+    with start_table_server() as server:
+        old_store, old_leases, old = open_partition("partition-1", "old")
+        old_fenced = FencedSnapshotStorage(old_store, old_leases, old)
+        old_fenced.put_cursor(b"c1")
+        old_fenced.journal_append(b"r1")
+        snap = old_fenced.create_snapshot(b"m0", [b"s0"], "k", "t", "c")
+        with pytest.raises(LeaseBusyError):
+            open_partition("partition-1", "new")
+        # Another partition of the same table is independent.
+        other_store, other_leases, _ = open_partition("partition-2", "x")
+        assert other_store.get_cursor() is None
+        other_leases.close()
+        clock.advance(5000)  # the old owner is paused past its lease
+        new_store, new_leases, new = open_partition("partition-1", "new")
+        assert new.epoch == old.epoch + 1
+        assert new_store.get_cursor() == b"c1"
+        assert_fenced(old_fenced, old_leases, old, new_store, new_leases, new, snap)
+        new_leases.release(new)
+        # Released: the next owner takes it at once.
+        table = BookKeeperTable(server.url, "t_ns", "w_buckets")
+        assert BookKeeperLease(table, "bucket/partition-1/").acquire("next", 500).epoch == new.epoch + 1
+        table.close()
+        for closer in (old_store, new_store, old_leases, new_leases):
+            closer.close()
+
+
 # -- config checks and the instance count ----------------------------------------------------------
 
 
@@ -201,8 +249,6 @@ def test_validate_partitioned_writer_inputs():
     assert check_writer_inputs(dict(base, inputs=[ticks])) == []
     problems = check_writer_inputs(dict(base, inputs=[ticks, sched]))
     assert any("must not be a function input" in p for p in problems), problems
-    bk = dict(base, inputs=[ticks], userConfig=dict(base["userConfig"], snapshotStorage="bookkeeper"))
-    assert any("snapshotStorage=directory" in p for p in check_writer_inputs(bk))
 
 
 def test_num_instances_from_each_context_kind():

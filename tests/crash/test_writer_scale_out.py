@@ -16,21 +16,21 @@ import pulsar
 import pytest
 import yaml
 
-from helpers import publish_all, wait_for
 from pulsar_lifecycle.bucket.storage.directory_lease import DirectoryLease
 from pulsar_lifecycle.config.function_config import load_function_config
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, RELEASED_AT_PROP
+from support.helpers import publish_all, wait_for
+from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[1]
 PARTITIONS = 4
 PER_PARTITION = 40  # per phase
 
 
 def _config(tmp_path: Path, unique: str) -> tuple:
-    cfg = load_function_config(ROOT / "function-configs" / "bucket-snapshot-writer.yaml")
+    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer.yaml")
     sched = f"persistent://public/default/so-sched-{unique}"
     ticks = f"persistent://public/default/so-ticks-{unique}"
     out = f"persistent://public/default/so-out-{unique}"
