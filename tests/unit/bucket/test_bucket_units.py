@@ -114,6 +114,22 @@ def test_ledger_bitmaps_set_operations():
         LedgerBitmaps.from_proto_map({9: b"junk"})
 
 
+def test_ledger_bitmaps_hold_packed_ids_and_speak_index_ids():
+    ids = [index_id(e, -1) for e in range(0, 20_000)] + [index_id(e, b) for e in (3, 70_000) for b in (0, 1, 1023)]
+    s = LedgerBitmaps()
+    s.add_many(5, ids)
+    assert len(s) == len(set(ids)) and all(s.contains(5, i) for i in ids)
+    assert not s.contains(5, index_id(4, 1)) and not s.contains(5, index_id(20_000, 0) + 1)
+    assert [e for _, e in s.items()] == sorted(set(ids))  # index-id order, whatever the packing
+    # the manifest's format-1 maps (index ids) and format-2 maps (packed) give the same set
+    old = {5: serialize_bitmap(BitMap(ids))}
+    assert list(LedgerBitmaps.from_proto_map(old, packed=False).items()) == list(s.items())
+    assert list(LedgerBitmaps.from_proto_map(s.to_proto_map()).items()) == list(s.items())
+    # dense in memory: 20,000 unbatched ids as index ids (1,024 apart) would take ~40 KB
+    assert s.size_in_bytes() < 10_000
+    assert s.discard(5, index_id(70_000, 1023)) and not s.contains(5, index_id(70_000, 1023))
+
+
 # -- protos --------------------------------------------------------------------------------------
 
 def test_protos_round_trip():
