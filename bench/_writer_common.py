@@ -39,6 +39,7 @@ import yaml
 
 from pulsar_lifecycle.runtime.broker import free_port  # noqa: F401 - re-exported for the benchmarks
 from pulsar_lifecycle.runtime.client import ClientSettings, make_client, quiet_client
+from pulsar_lifecycle.scheduler.config import check_writer_inputs
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 
@@ -92,12 +93,19 @@ def write_writer_config(workdir: Path, topics: Topics, intake: str = "direct", *
     cfg["inputSpecs"] = {topics.ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
                          topics.sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1}}
     cfg.update(output=topics.out, name=name, subName=name)
+    # One subscription for the scheduling topic's two consumers (the direct one and the runtime's),
+    # as `validate` requires: with subName set, schedulingSubscription must name it too, or both
+    # subscriptions get every message and the writer indexes each one twice.
+    user = {"schedulingSubscription": name, **user}
     cfg["userConfig"].update(tickTopic=topics.ticks, snapshotDir=str(workdir / "snapshots"),
                              schedulingTopic=topics.sched, **user)
     if intake == "runtime":
         del cfg["userConfig"]["schedulingTopic"]
         cfg["inputSpecs"][topics.sched] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe",
                                            "receiverQueueSize": 1000}
+    problems = check_writer_inputs(cfg)  # what `validate` says about the intake's inputs
+    if problems:
+        raise ValueError(f"bench writer config: {problems}")
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))

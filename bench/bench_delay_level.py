@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import pulsar
 
-from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
+from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at, forwarder
 from pulsar_lifecycle.delaylevel.config import parse_syncer_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
@@ -264,6 +264,8 @@ def main() -> None:
     b.add_argument("--partitions", type=int, default=10)
     b.add_argument("--runs", type=int, default=3)
     b.add_argument("--batch", type=int, default=500)
+    b.add_argument("--pipeline-depth", type=int, default=forwarder.PIPELINE_DEPTH,
+                   help="batches a forwarder keeps unconfirmed while sending the next (0: send, confirm, ack)")
     c = sub.add_parser("rss")
     c.add_argument("--sizes", default="10000,1000000")
     c.add_argument("--settle-seconds", type=float, default=5.0)
@@ -275,6 +277,8 @@ def main() -> None:
     if args.cmd == "index":
         bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
     elif args.cmd == "forward":
+        forwarder.PIPELINE_DEPTH = args.pipeline_depth  # read by every forwarder's _forward
+        print(f"    forwarder pipeline depth {forwarder.PIPELINE_DEPTH}")
         bench_forward(args.messages, args.partitions, args.runs, args.batch)
     elif args.cmd == "rss":
         bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds, args.receiver_queue)

@@ -12,8 +12,10 @@ One embedded pulsar-lite broker. The scheduling topic has 4 partitions (addresse
    refuses a second connection's consumer on a subscription another connection holds.)
 3. the benchmark's consumer on the output topic records arrivals; the aggregate rate is
    (N - 1) / (last arrival - first arrival), without process start-up.
-A baseline row runs the unpartitioned shipped writer (one instance, one scheduling topic) on the
-same N. Ratios are printed against the 1-instance partitioned run of the same script run.
+Two baseline rows run the unpartitioned writer (one instance, one scheduling topic) on the same
+N: with the shipped config (the scheduling topic also a function input with a receiver queue of
+1, which starts a fresh deployment) and tick-only (the tick topic the only input, as the
+partitioned config has it; docs/benchmarks.md shows that input costs the shipped writer ~3.5x). Ratios are printed against the 1-instance partitioned run of the same script run.
 Every run also checks exactly once (each payload once) and never early (released-at >= deliver-at).
 
     python bench/bench_writer_scaling.py [--messages 100000] [--payload-bytes 100] [--runs 1]
@@ -88,9 +90,14 @@ def one(label: str, client: pulsar.Client, url: str, workdir: Path, n: int, payl
     topics = wc.topics_for(label.replace(' ', '-'))
     workdir.mkdir(parents=True, exist_ok=True)
     consumer = wc.output_consumer(client, topics.out)
-    if instances == 0:  # the unpartitioned shipped writer
+    if instances <= 0:  # the unpartitioned writer: 0 = shipped config, -1 = tick topic the only input
         preload(client, [topics.sched], n, payload_bytes)
-        procs = [wc.start_localrun(wc.write_writer_config(workdir, topics, tickMode="runner"), url, workdir)]
+        config = wc.write_writer_config(workdir, topics, tickMode="runner")
+        if instances < 0:
+            cfg = yaml.safe_load(config.read_text())
+            del cfg["inputSpecs"][topics.sched]
+            config.write_text(yaml.safe_dump(cfg))
+        procs = [wc.start_localrun(config, url, workdir)]
         logs = [workdir / "localrun.log"]
     else:
         preload(client, [f"{topics.sched}-partition-{k}" for k in range(PARTITIONS)], n, payload_bytes)
@@ -160,7 +167,7 @@ def main() -> None:
     args = ap.parse_args()
     if args.messages < PARTITIONS or args.runs < 1 or args.payload_bytes < 10:
         ap.error(f"--messages >= {PARTITIONS}, --runs >= 1 and --payload-bytes >= 10 are required")
-    labels = {0: "unpartitioned x1"} | {k: f"partitioned x{k}" for k in INSTANCES}
+    labels = {0: "unpartitioned x1", -1: "unpart. tick-only"} | {k: f"partitioned x{k}" for k in INSTANCES}
     rates: Dict[int, List[float]] = {k: [] for k in labels}
     with tempfile.TemporaryDirectory(prefix="bench-writer-scale-") as tmp, \
             EmbeddedBroker(data_dir=Path(tmp) / "broker") as broker:

@@ -7,13 +7,13 @@ MANUAL: this function acks a source message only once its index entry is durable
 
 With userConfig `schedulingTopic` the service consumes the scheduling topic itself, in batches
 (direct intake); the scheduling topic is also an input on the same subscription, so the first
-message starts a fresh deployment, and process() queues what reaches it. Without it, process()
+message starts a fresh deployment; then that input is paused (its prefetched messages go to the
+direct consumer) and process() queues the few that still reach it. Without it, process()
 queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
 it keeps one unacked (pulsar_lifecycle.scheduler.wake).
 """
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 from pulsar_lifecycle.dedup.publisher import normalize_topic
@@ -58,10 +58,11 @@ class BucketSnapshotWriter:
             payload=payload, properties=props, key=context.get_message_key(),
             event_time=context.get_message_eventtime() or 0,
             position=(msg_id.ledger_id(), msg_id.entry_id(), msg_id.partition(), msg_id.batch_index()),
-            now_ms=int(time.time() * 1000), max_delay_ms=service.config.max_delay_seconds * 1000,
+            now_ms=service.clock(), max_delay_ms=service.config.max_delay_seconds * 1000,
             allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
+        service.pause_runtime_input()  # direct intake: the input only started the writer
         return None
 
     def close(self) -> None:

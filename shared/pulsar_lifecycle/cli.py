@@ -192,6 +192,38 @@ def package(project_dir: str, out_dir: str, stem: str, python_version: Optional[
         click.echo(f"wheel: {build_wheel(Path(project_dir), Path(out_dir))}")
 
 
+@main.command("send-ticks")
+@click.option("--service-url", required=True, help="pulsar:// URL of the cluster.")
+@click.option("--tick-topic", required=True, help="The writer's userConfig tickTopic.")
+@click.option("--count", type=click.IntRange(min=1), default=None,
+              help="Ticks to send [default: 2 x --instances]: extras are acked by the instances.")
+@click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
+              help="The writer's parallelism.")
+@click.option("--connect-timeout", type=float, default=30.0, show_default=True,
+              help="Seconds to wait for the broker.")
+def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instances: int,
+               connect_timeout: float) -> None:
+    """Start a deployed writer whose only input is its tick topic (a partitioned writer).
+
+    Pulsar calls a function only when a message arrives; after `functions create` (or a
+    parallelism change) each instance needs one tick to start, then it keeps its own.
+
+    Example: pulsar-lifecycle send-ticks --service-url pulsar://broker:6650
+    --tick-topic persistent://public/default/delayed-ticks --instances 4
+    """
+    from .runtime.broker import wait_for_broker
+    from .runtime.client import quiet_client
+    from .scheduler.wake import send_start_ticks
+
+    wait_for_broker(service_url, connect_timeout)
+    client = quiet_client(service_url)
+    try:
+        sent = send_start_ticks(client, tick_topic, count or 2 * instances)
+    finally:
+        client.close()
+    click.echo(f"sent {sent} tick(s) to {tick_topic}")
+
+
 def _register_optional_groups() -> None:
     # Feature groups live with their features; a missing one must not break the others.
     import importlib

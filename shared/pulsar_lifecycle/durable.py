@@ -11,6 +11,7 @@ No Pulsar; imports only the package's error root.
 from __future__ import annotations
 
 import errno as errno_mod
+import hashlib
 import logging
 import os
 import threading
@@ -93,6 +94,24 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
+# Linux's NAME_MAX: one path component of more bytes fails with ENAMETOOLONG.
+NAME_MAX = 255
+
+
+def tmp_name(final_name: str) -> str:
+    """The temporary file name a durable write of `final_name` uses, within NAME_MAX.
+
+    The pid and thread id keep concurrent writers apart. A long final name (which itself still
+    fits) is replaced by a digest here, so the suffix never pushes the temporary name past the
+    limit and a name that fits can always be written.
+    """
+    suffix = f".{os.getpid()}.{threading.get_ident()}.tmp"
+    name = f".{final_name}{suffix}"
+    if len(name.encode("utf-8")) <= NAME_MAX:
+        return name
+    return f".{hashlib.sha256(final_name.encode('utf-8')).hexdigest()[:32]}{suffix}"
+
+
 def atomic_write(path: PathLike, data: bytes) -> None:
     """Replace `path` with `data` durably: a crash leaves the old or the new content, never a mix.
 
@@ -100,7 +119,7 @@ def atomic_write(path: PathLike, data: bytes) -> None:
     temporary file is removed (so a full disk is not made fuller) and DurableWriteError raised.
     """
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = target.with_name(tmp_name(target.name))
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     except OSError as exc:

@@ -23,12 +23,13 @@ class ProducerPool:
         self._producers: Dict[str, Any] = {}
         self._lock = threading.Lock()
 
-    def get(self, topic: str) -> Any:
-        """The producer of `topic`, created on first use."""
+    def get(self, topic: str, **create_conf: Any) -> Any:
+        """The producer of `topic`, created on first use (with `create_conf` of that first call over
+        the pool's settings, as Pulsar's context.publish takes the compression of its first call)."""
         with self._lock:
             prod = self._producers.get(topic)
             if prod is None:
-                prod = self.client.create_producer(topic, **self.producer_conf)
+                prod = self.client.create_producer(topic, **{**self.producer_conf, **create_conf})
                 self._producers[topic] = prod
             return prod
 
@@ -47,11 +48,12 @@ class ProducerPool:
         with self._lock:
             producers, self._producers = list(self._producers.values()), {}
         for prod in producers:
-            try:
-                prod.flush()
-                prod.close()
-            except Exception as exc:  # closing is best effort; nothing unsent can be saved here
-                log.debug("event=producer_close_failed topic=%s error=%s", getattr(prod, "topic", lambda: "?")(), exc)
+            for step in (prod.flush, prod.close):  # a failed flush must not keep the producer open
+                try:
+                    step()
+                except Exception as exc:  # closing is best effort; nothing unsent can be saved here
+                    log.debug("event=producer_close_failed topic=%s step=%s error=%s",
+                              getattr(prod, "topic", lambda: "?")(), step.__name__, exc)
 
     def __len__(self) -> int:
         with self._lock:

@@ -9,18 +9,44 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Optional, Tuple
+from urllib.parse import unquote_plus
 
 from .exceptions import PulsarLifecycleError
 
-__all__ = ["PARTITION_SUFFIX", "TopicName", "TopicNameError", "partition_name", "strip_partition"]
+__all__ = ["DOMAINS", "FULL_NAME_PREFIXES", "PARTITION_SUFFIX", "TopicName", "TopicNameError", "is_named_entity", "java_url_encode",
+           "partition_name", "strip_partition"]
 
 PARTITION_SUFFIX = "-partition-"
 _PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")
 DOMAINS = ("persistent", "non-persistent")
+# How a fully qualified name starts (`persistent://`, `non-persistent://`).
+FULL_NAME_PREFIXES: Tuple[str, ...] = tuple(f"{domain}://" for domain in DOMAINS)
+# Pulsar's NamedEntity rule for tenant, namespace, cluster and function names.
+_NAMED_ENTITY_RE = re.compile(r"^[-=:.\w]+$")
+# What java.net.URLEncoder leaves as it is.
+_URLENCODER_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-*_")
 
 
 class TopicNameError(PulsarLifecycleError, ValueError):
     """A topic name that is not of a form Pulsar accepts."""
+
+
+def is_named_entity(value: str) -> bool:
+    """True when `value` is a legal tenant, namespace (one segment) or function name: letters, digits, - _ = : ."""
+    return bool(_NAMED_ENTITY_RE.match(value))
+
+
+def java_url_encode(text: str) -> str:
+    """java.net.URLEncoder.encode(text, UTF-8), which Pulsar uses for persistence names and admin paths."""
+    out = []
+    for ch in text:
+        if ch in _URLENCODER_SAFE:
+            out.append(ch)
+        elif ch == " ":
+            out.append("+")
+        else:
+            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
+    return "".join(out)
 
 
 def partition_name(topic: str, index: int) -> str:
@@ -81,6 +107,21 @@ class TopicName:
     def full_name(self) -> str:
         """`<domain>://tenant/namespace/topic`."""
         return f"{self.domain}://{self.short_name}"
+
+    @classmethod
+    def from_persistence_name(cls, name: str) -> "TopicName":
+        """The topic of a persistence name `tenant/namespace/<domain>/<URL-encoded local name>` (Pulsar's
+        TopicName.fromPersistenceNamingEncoding); TopicNameError when `name` is not of that form."""
+        parts = name.split("/", 3) if isinstance(name, str) else []
+        if len(parts) != 4 or parts[2] not in DOMAINS or not all(parts):
+            raise TopicNameError(f"not a persistence name of the form tenant/namespace/<domain>/topic: {name!r}")
+        return cls.parse(f"{parts[2]}://{parts[0]}/{parts[1]}/{unquote_plus(parts[3])}")
+
+    @property
+    def persistence_name(self) -> str:
+        """`tenant/namespace/<domain>/<URL-encoded local name>`: the managed-ledger name Pulsar writes into
+        ledger metadata (TopicName.getPersistenceNamingEncoding)."""
+        return f"{self.namespace_name}/{self.domain}/{java_url_encode(self.local_name)}"
 
     @property
     def namespace_name(self) -> str:

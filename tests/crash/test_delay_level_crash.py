@@ -21,6 +21,7 @@ import yaml
 
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.rule import ORIGIN_PARTITION_PROP
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
@@ -41,6 +42,10 @@ WRITER_TICK_MS = 200
 BOUND_MS = LOOKAHEAD_MS + WRITER_TICK_MS
 # After a restart the process needs this long to be serving again (start, recovery, first tick).
 RECOVERY_GRACE_MS = 6000
+# Diagnosis: the functions' log level (their logs are in the test's tmp_path) and the broker's.
+LOG_LEVEL = os.environ.get("DL_CRASH_LOG_LEVEL", "WARNING")
+BROKER_LOG_LEVEL = os.environ.get("DL_CRASH_BROKER_LOG_LEVEL", "warn")
+PY_SPY = os.environ.get("DL_CRASH_PY_SPY", "")  # a py-spy binary: dump each process's threads before its kill
 
 
 def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
@@ -70,21 +75,56 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
 def localrun(config: Path, url: str, tmp_path: Path, name: str) -> subprocess.Popen:
     with open(tmp_path / f"{name}.log", "ab") as err:
         return subprocess.Popen(
-            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
+            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", LOG_LEVEL, "localrun",
              "--function-config-file", str(config), "--broker-service-url", url,
              "--data-dir", str(tmp_path / f"data-{name}")],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=tmp_path)
 
 
+def read_forwards(tap: pulsar.Consumer) -> Dict[bytes, Tuple[int, str]]:
+    """payload -> (first publish time on the scheduling topic, source partition) of every forward."""
+    out: Dict[bytes, Tuple[int, str]] = {}
+    for _ in range(10 * N):  # bounded: at most a few copies of each message
+        try:
+            m = tap.receive(timeout_millis=2000)
+        except pulsar.Timeout:
+            break
+        tap.acknowledge(m)
+        origin = m.properties().get(ORIGIN_PARTITION_PROP, "near-term")
+        at = m.publish_timestamp()
+        if m.data() not in out or at < out[m.data()][0]:
+            out[m.data()] = (at, origin.rsplit("-", 1)[-1])
+    return out
+
+
+def explain(too_late: List[Tuple[bytes, int, int]], forwarded: Dict[bytes, Tuple[int, str]]) -> str:
+    """Which side the late ones were late on: forwarded after deliver-at - lookahead (syncer) or
+    released late after a timely forward (writer); per source partition."""
+    syncer: Dict[str, List[int]] = {}
+    writer: Dict[str, List[int]] = {}
+    for payload, deliver_at, _lateness in too_late:
+        fwd_at, part = forwarded.get(payload, (0, "?"))
+        side = syncer if fwd_at > deliver_at else writer  # the syncer's margin is the whole lookahead
+        side.setdefault(part, []).append(fwd_at - deliver_at)
+
+    def fmt(d: Dict[str, List[int]]) -> str:
+        return ", ".join(f"p{k}: {len(v)} (forward-deliver_at {min(v)}..{max(v)} ms)" for k, v in sorted(d.items()))
+    return f"late after a late forward (syncer): {fmt(syncer) or 'none'}; late after a timely forward (writer): {fmt(writer) or 'none'}"
+
+
 def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late(tmp_path, unique):
     wcfg, scfg, t = configs(tmp_path, unique)
-    broker = EmbeddedBroker(data_dir=tmp_path / "broker")
+    broker = EmbeddedBroker(data_dir=tmp_path / "broker", log_level=BROKER_LOG_LEVEL)
     broker.start()
     url = broker.service_url
     procs = {"writer": localrun(wcfg, url, tmp_path, "writer"), "syncer": localrun(scfg, url, tmp_path, "syncer")}
     client = quiet_client(url)
     counter = client.subscribe(t["business"], "count", consumer_type=pulsar.ConsumerType.Shared,
                                initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
+    # Diagnosis of late messages: a second subscription on the scheduling topic, read at the end,
+    # tells when the syncer forwarded each one (the forward's publish time).
+    tap = client.subscribe(t["sched"], "tap", consumer_type=pulsar.ConsumerType.Shared,
+                           initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
     strategy = DelayLevelTopicPartitionStrategy(UNITS * UNIT_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
     producer = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
                                   strategy=strategy, max_pending_messages=5000)
@@ -94,6 +134,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     early: List[bytes] = []
     windows: List[Tuple[int, int]] = []  # kill downtime: [kill, restart + grace]
     failed: List[int] = []
+    forwarded: Dict[bytes, Tuple[int, str]] = {}
+    due: Dict[bytes, int] = {}  # payload -> deliver_at as sent
 
     def pump(seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -116,8 +158,10 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
         time.sleep(3)
         base = now_ms()
         for i in range(N):
+            delay = rng.randint(0, UNITS * UNIT_S * 1000)
+            due[f"m{i}".encode()] = now_ms() + delay
             producer.send_async(f"m{i}".encode(), lambda res, _id, i=i: res == pulsar.Result.Ok or failed.append(i),
-                                delay_ms=rng.randint(0, UNITS * UNIT_S * 1000))
+                                delay_ms=delay)
         producer.flush()
         assert not failed, f"{len(failed)} sends failed"
         span_s = UNITS * UNIT_S
@@ -125,6 +169,11 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
         t0 = time.monotonic()
         for name, at in kills:
             pump(max(0.0, at - (time.monotonic() - t0)))
+            if PY_SPY:
+                with open(tmp_path / f"{name}.log", "ab") as log:
+                    log.write(f"--- py-spy dump before the kill at {now_ms() - base} ms\n".encode())
+                    log.flush()
+                    subprocess.run([PY_SPY, "dump", "--pid", str(procs[name].pid)], stdout=log, stderr=log, timeout=30)
             killed = now_ms()
             procs[name].send_signal(signal.SIGKILL)
             procs[name].wait(timeout=10)
@@ -133,6 +182,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
         pump(max(0.0, (base + span_s * 1000 - now_ms()) / 1000.0) + 30)
         pump(3)  # a copy released late would show up here
     finally:
+        forwarded = read_forwards(tap)
         producer.close()
         for p in procs.values():
             p.send_signal(signal.SIGINT)
@@ -142,7 +192,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             except subprocess.TimeoutExpired:
                 p.kill()
         client.close()
-        broker.stop(remove_data=True)
+        broker.stop(remove_data=BROKER_LOG_LEVEL == "warn")  # a diagnosis keeps the broker's log
     expected = {f"m{i}".encode() for i in range(N)}
     missing = expected - set(seen)
     twice = {k: len(v) for k, v in seen.items() if len(v) > 1}
@@ -152,15 +202,25 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     print(f"\nDL crash: n={N} unit={UNIT_S}s released={len(seen)} outside-downtime={len(outside)} "
           f"worst lateness outside downtime={worst} ms (bound {BOUND_MS} ms); "
           f"worst overall={max((x[2] for x in late), default=0)} ms; windows={[(a - base, b - base) for a, b in windows]}")
-    assert not missing, f"{len(missing)} never released, e.g. {sorted(missing)[:5]}; logs in {tmp_path}"
+    with open(tmp_path / "lateness.tsv", "w") as out:  # payload deliver_at lateness forwarded_at partition
+        for p, at, lat in late:
+            fwd = forwarded.get(p, (0, "?"))
+            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\n")
+        for p in sorted(missing):  # never released: lateness -1
+            fwd = forwarded.get(p, (0, "?"))
+            out.write(f"{p.decode()}\t{due[p]}\t-1\t{fwd[0]}\t{fwd[1]}\n")
+    unforwarded = sorted(p for p in missing if p not in forwarded)
+    assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
+                         f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
     assert not twice, f"{len(twice)} released more than once, e.g. {list(twice.items())[:5]}"
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
-    # The bound is NOT yet met reliably (issue 11 stays open): a pulsar-lite permit stall after
-    # a SIGKILL (docs/delay-levels.md, "Lateness after a crash") was found and two fixes landed
-    # (producer batches <= half the receiver queue; a forwarder stall watchdog), which removed the
-    # never-released partitions, but some runs still have ~2,300-2,700 messages up to 10-17 s late
-    # right after a restart. Reported (a warning), not asserted, until that case is found too.
+    # The bound is NOT met reliably on pulsar-lite (issue 11 stays open): the late messages leave
+    # the syncer late because pulsar-lite keeps a SIGKILLed syncer's consumers (and their messages)
+    # after a connection reset and drops a restarted syncer's connection on protocol errors
+    # (docs/delay-levels.md, "Lateness after a crash", session 5). Reported with the side (a
+    # warning), not asserted; exactly-once and never-early are asserted above.
     if too_late:
+        print(explain(too_late, forwarded))
         warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; logs in {tmp_path}", stacklevel=2)
+                      f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs in {tmp_path}", stacklevel=2)
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages

@@ -337,6 +337,26 @@ def test_publish_many_persists_a_burst_and_drops_duplicates(broker, unique, tmp_
     assert counts == Counter({(NAME, s): 1 for s in range(1, 511)})
 
 
+def test_wait_persisted_confirms_one_burst_while_the_next_is_in_flight(broker, unique, tmp_path):
+    """The syncer's pipeline: wait for burst 1's last id only; a failed send raises instead."""
+    topic = f"persistent://public/default/dw-{unique}"
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        pub.publish_many(topic, [OutMessage(b"a", s) for s in range(1, 201)])
+        pub.publish_many(topic, [OutMessage(b"b", s) for s in range(201, 401)])
+        pub.wait_persisted(topic, 200, timeout_s=10)
+        assert pub.persisted_seq(topic) >= 200
+        pub.wait_persisted(topic, 150, timeout_s=1)  # already passed: returns at once
+        pub.publish_many(topic, [OutMessage(os.urandom(6 * 1024 * 1024), 401)])  # > 5 MiB: refused
+        with pytest.raises(PublishError, match="sequence id 401"):
+            pub.wait_persisted(topic, 401, timeout_s=10)
+        assert pub.persisted_seq(topic) == 400
+        pub.close()
+    finally:
+        client.close()
+
+
 def test_publish_many_recovers_after_restart(broker, unique, tmp_path):
     """Ids published in bursts are found by the tail replay of a new publisher (no snapshot)."""
     topic = f"persistent://public/default/dmr-{unique}"

@@ -119,6 +119,26 @@ def test_context_api(broker, tmp_path, unique):
     assert d["output"] == f"persistent://public/default/out-{unique}"
 
 
+def test_context_publish_sends_to_each_topic_through_one_producer_per_topic(broker, tmp_path, unique):
+    """context.publish (Pulsar's ContextImpl.publish): every message reaches every named topic, with its
+    properties and the instance's producer properties; one producer per topic however many sends."""
+    to = [f"persistent://public/default/fan-{unique}-a", f"persistent://public/default/fan-{unique}-b"]
+    runner = _runner(broker, tmp_path, unique, "support.fn_samples.Fanout", output=None, userConfig={"to": to})
+    client = quiet_client(broker.service_url)
+    try:
+        prod = client.create_producer(f"persistent://public/default/in-{unique}")
+        publish_all(prod, [f"m{i}".encode() for i in range(10)])
+        got = {t: drain(client, t, "check", expect=10) for t in to}
+        producers = runner._instances[0].context._publish_pool.producers()
+    finally:
+        runner.stop()
+        client.close()
+    for t in to:
+        assert sorted(m.data().decode() for m in got[t]) == sorted(f"m{i}@{t[-1]}" for i in range(10))
+        assert all(m.properties() == {"src": m.data().decode().split("@")[0]} for m in got[t])
+    assert sorted(p.topic() for p in producers) == to
+
+
 def test_parallel_instances_share_the_subscription(broker, tmp_path, unique):
     runner = _runner(broker, tmp_path, unique, "example_function.ExampleFunction", parallelism=2)
     client = quiet_client(broker.service_url)

@@ -45,3 +45,12 @@ class Stateful:
         context.incr_counter("n", 1)
         context.put_state("last", str(input))
         return str(context.get_counter("n"))
+
+
+class Fanout:
+    """Publishes each input with context.publish to the topics in userConfig `to`, with a property."""
+
+    def process(self, input: Any, context: Any) -> None:
+        for topic in context.get_user_config_value("to"):
+            context.publish(topic, f"{input}@{topic.rsplit('-', 1)[-1]}", properties={"src": str(input)})
+        return None

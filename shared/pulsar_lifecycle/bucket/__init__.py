@@ -5,7 +5,8 @@ RecoveryReport, BucketStats, the storage protocol and its backends (memory, dire
 BookKeeper table-service backend lives in `pulsar_lifecycle.bucket.storage.bookkeeper`).
 """
 from .config import BucketConfig
-from .engine import BucketIndex, EngineFailedError, NotRecoveredError
+from .engine import BucketIndex
+from .exceptions import CorruptRecordError, EngineFailedError, NotRecoveredError
 from .keys import bucket_key, parse_bucket_key
 from .records import BucketStats, CancelResult, DelayedMessage, RecoveryReport, Release
 from .storage import (
@@ -23,6 +24,7 @@ __all__ = [
     "BucketSnapshotStorage",
     "BucketStats",
     "CancelResult",
+    "CorruptRecordError",
     "DelayedMessage",
     "DirectorySnapshotStorage",
     "EngineFailedError",

@@ -18,7 +18,7 @@ from typing import Iterable, List, Sequence, Tuple
 
 from google.protobuf.message import DecodeError
 
-from ..exceptions import PulsarLifecycleError
+from .exceptions import CorruptRecordError
 from .proto import BucketIndexState_pb2 as state_pb2
 from .proto import DelayedMessageIndexBucketMetadata_pb2 as metadata_pb2
 from .proto import DelayedMessageIndexBucketSegment_pb2 as segment_pb2
@@ -37,10 +37,6 @@ JournalRecord = state_pb2.JournalRecord
 CancelOp = state_pb2.CancelOp
 
 _FIELD1_LEN_TAG = b"\x0a"  # field 1, wire type 2: SnapshotSegment.indexes / JournalRecord.add
-
-
-class CorruptRecordError(PulsarLifecycleError, ValueError):
-    """Stored bytes could not be decoded as the record they should hold."""
 
 
 def varint(value: int) -> bytes:

@@ -46,6 +46,7 @@ from .codec import (
     release_ts,
 )
 from .config import BucketConfig
+from .exceptions import EngineFailedError, NotRecoveredError
 from .immutable_bucket import ImmutableBucket
 from .keys import bucket_key
 from .manifest import manifest_bytes
@@ -74,15 +75,6 @@ logger = logging.getLogger(__name__)
 
 
 HORIZON_SLACK_MS = 1000
-
-
-class EngineFailedError(RuntimeError):
-    """A durable write had an unknown outcome; this engine object must be dropped and a new
-    one recovered from the storage (the storage holds the truth)."""
-
-
-class NotRecoveredError(RuntimeError):
-    """recover() must be called (once) before the engine is used."""
 
 
 class BucketIndex:

@@ -16,6 +16,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 import yaml
 
+from .exceptions import FunctionConfigError
+
 logger = logging.getLogger(__name__)
 
 # Default serde of the Python runtime when a serde class name is empty.
@@ -199,10 +201,6 @@ CRYPTO_CONFIG_FIELDS: Tuple[str, ...] = tuple(CRYPTO.fields or ())
 RESOURCES_FIELDS: Tuple[str, ...] = tuple(RESOURCES.fields or ())
 WINDOW_CONFIG_FIELDS: Tuple[str, ...] = tuple(WINDOW.fields or ())
 MESSAGE_PAYLOAD_PROCESSOR_CONFIG_FIELDS: Tuple[str, ...] = tuple(PAYLOAD_PROCESSOR.fields or ())
-
-
-class FunctionConfigError(ValueError):
-    """A function config file cannot be read or is not a YAML mapping."""
 
 
 class _LineLoader(yaml.SafeLoader):

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
 
+from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError, is_named_entity
 from .function_config import (
     BOOL,
     CONSUMER,
@@ -41,9 +42,7 @@ logger = logging.getLogger(__name__)
 #: Smallest ack timeout the Python client accepts (it raises at subscribe below this).
 MIN_PYTHON_TIMEOUT_MS = 10_000
 
-TOPIC_SCHEMES: Tuple[str, ...] = ("persistent://", "non-persistent://")
-# NamedEntity.checkName: tenant / namespace / cluster names.
-_NAMED_ENTITY_RE = re.compile(r"^[-=:.\w]+$")
+TOPIC_SCHEMES: Tuple[str, ...] = FULL_NAME_PREFIXES
 _CLASS_NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PY_URL_SCHEMES = ("http://", "https://", "file://", "function://")
 
@@ -195,17 +194,21 @@ def topic_problem(topic: str, *, regex: bool = False) -> Optional[str]:
     if scheme is None:
         return (f"topic '{topic}' is not fully qualified; write persistent://tenant/namespace/topic "
                 f"(the runtime's context.ack() and topic names in messages use the full name)")
+    # Stricter than TopicName (which keeps a '/' in the local name): a function's topic has 3 parts.
     parts = topic[len(scheme):].split("/")
     if len(parts) != 3:
         return (f"topic '{topic}' must have exactly tenant/namespace/topic after {scheme} "
                 f"(got {len(parts)} part{'s' if len(parts) != 1 else ''})")
-    tenant, namespace, local = parts
-    for label, value in (("tenant", tenant), ("namespace", namespace)):
-        if not _NAMED_ENTITY_RE.match(value):
+    for label, value in (("tenant", parts[0]), ("namespace", parts[1])):
+        if not is_named_entity(value):
             return f"topic '{topic}' has an invalid {label} '{value}' (allowed: letters, digits, - _ = : .)"
-    if not local:
+    if not parts[2]:
         return f"topic '{topic}' has an empty topic name"
-    if not regex and any(c.isspace() for c in local):
+    try:
+        name = TopicName.parse(topic)
+    except TopicNameError as exc:
+        return str(exc)
+    if not regex and any(c.isspace() for c in name.local_name):
         return f"topic '{topic}' contains whitespace"
     return None
 
@@ -265,7 +268,7 @@ def _semantic_checks(
         _check_class_name(report, ("className",), class_name, "class")
     for key in ("tenant", "namespace"):
         value = get(key, STR)
-        if value is not None and not _NAMED_ENTITY_RE.match(value):
+        if value is not None and not is_named_entity(value):
             report.add((key,), f"{key} '{value}' is invalid (allowed: letters, digits, - _ = : .)")
     name = get("name", STR)
     if name is not None and ("/" in name or not name.strip()):

@@ -393,6 +393,19 @@ class TopicChannel:
                     )
                 self.cond.wait(remaining if remaining is None else min(remaining, 1.0))
 
+    def wait_persisted(self, seq: int, deadline: Optional[float], timeout_s: Optional[float]) -> None:
+        """Wait until `seq` and every id pushed before it are on the topic; PublishError if a send
+        failed first, TimeoutError at `deadline` (as wait_idle)."""
+        with self.cond:
+            while self.seqmap.highest_persisted(self.producer_name) < seq:
+                if self.failed is not None:
+                    raise self.send_failed_error()
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"topic {self.topic} producer {self.producer_name}: sequence id {seq} not "
+                                       f"persisted after {timeout_s}s")
+                self.cond.wait(remaining if remaining is None else min(remaining, 1.0))
+
     def close(self) -> None:
         """Write a final snapshot, remove this producer from the map and close the producer."""
         with self.cond:

@@ -338,6 +338,17 @@ class DedupPublisher:
             if ch.failed is not None:
                 raise ch.send_failed_error()
 
+    def wait_persisted(self, topic: str, sequence_id: int, timeout_s: Optional[float] = 30.0) -> None:
+        """Wait until `sequence_id` and every id pushed before it on `topic` are persisted there
+        (a DUPLICATE id counts: it was persisted earlier), and write a due snapshot. Lets a caller
+        confirm one burst while the next is already being sent (`flush` waits for all).
+
+        Raises PublishError if a send failed, TimeoutError after `timeout_s` (None: never)."""
+        ch = self._channel_for(topic)
+        ch.wait_persisted(sequence_id, None if timeout_s is None else time.monotonic() + timeout_s, timeout_s)
+        if ch.due_snapshot is not None:
+            ch.write_due_snapshot()
+
     def close(self, timeout_s: Optional[float] = 30.0) -> None:
         """Flush, write a final snapshot per topic and close the producers (not the client)."""
         with self._lock:

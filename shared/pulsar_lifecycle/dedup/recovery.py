@@ -25,6 +25,8 @@ PRODUCER_PROPERTY = "__pl_producer__"
 SEQUENCE_PROPERTY = "__pl_seq__"
 # How long to wait for the rest of the last entry's batch once its first message was read.
 END_DRAIN_MS = 200
+READ_STALL_S = 5.0  # a replay that gets no message for this long (not at the end) restarts its reader
+MAX_READER_RESTARTS = 5
 
 
 class RecoveryError(DedupError):
@@ -133,6 +135,9 @@ def read_tail(
     read = matched = 0
     end_key = (end.ledger_id, end.entry_id)
     at_end = False
+    last_id: Optional[pulsar.MessageId] = None  # the last message read (a restarted reader starts there)
+    progress = time.monotonic()
+    restarts = 0
     try:
         while True:
             remaining = deadline - time.monotonic()
@@ -154,8 +159,21 @@ def read_tail(
             except pulsar.Timeout:
                 if at_end:
                     break
+                if time.monotonic() - progress >= READ_STALL_S and restarts < MAX_READER_RESTARTS:
+                    # pulsar-lite can leave a reader without messages after it dropped the
+                    # connection (a protocol error on another command): a new reader, from the
+                    # last message read (re-reading it is harmless), gets them.
+                    restarts += 1
+                    log.warning("event=dedup_tail_reader_restarted topic=%s read=%d last=%s stalled_s=%.1f",
+                                topic, read, last_id, time.monotonic() - progress)
+                    reader.close()
+                    reader = client.create_reader(topic, last_id or start_id, start_message_id_inclusive=True,
+                                                  receiver_queue_size=1000)
+                    progress = time.monotonic()
                 continue
+            progress = time.monotonic()
             mid = msg.message_id()
+            last_id = mid
             key = (mid.ledger_id(), mid.entry_id())
             if at_end and key != end_key:
                 # The last entry's batch arrived whole and contiguous; anything else is either

@@ -51,10 +51,10 @@ class SyncerConfig:
         "The syncer's Shared subscription on every partition; default `<tenant>/<namespace>/<name>`.")
     producer_name: str = setting(
         'producerName', '',
-        'Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition); default `<tenant>/<namespace>/<name>-<instance>`.')
+        'Stable producer-name prefix of the forward publishers (`<prefix>-p<k>` per partition, the same whichever instance forwards k); default `<tenant>/<namespace>/<name>-0`.')
     instances: int = setting(
         'instances', 1,
-        "Set to the function's `parallelism`: instance i forwards the partitions k with k % instances == i (one consumer per partition keeps its forwards' sequence ids increasing).",
+        "Not needed under a Pulsar runtime or `localrun`: the instance count comes from the Context (`get_num_instances()`, or FunctionDetails `parallelism` in Pulsar's Python runtime) and instance i forwards the partitions k with k % n == i. Used only by a syncer service built without a Context (tests, benchmarks); a value other than 1 that differs from the runtime's count is logged and ignored.",
         minimum=1)
     dedup_snapshot_interval: int = setting(
         'dedupSnapshotInterval', 1000,

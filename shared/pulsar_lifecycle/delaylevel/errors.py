@@ -12,7 +12,7 @@ class DelayLevelError(PulsarLifecycleError):
 # ConfigError (a setting is invalid; the message names the key and the value) is the package-wide
 # one of config/exceptions.py, raised by the shared userConfig converters too.
 __all__ = ["ConfigError", "DelayLevelError", "DelayTooLongError", "ParkedMessageError", "ShrinkRefusedError",
-           "StrategyError"]
+           "StrategyError", "TrailFormatError"]
 
 
 class StrategyError(DelayLevelError, ConfigError):
@@ -29,3 +29,7 @@ class ShrinkRefusedError(DelayLevelError):
 
 class ParkedMessageError(DelayLevelError, ValueError):
     """A parked message lacks, or has a malformed, delay-level property."""
+
+
+class TrailFormatError(DelayLevelError, ValueError):
+    """A stored trail that cannot be read (it is rebuilt from the next checkpoint on)."""

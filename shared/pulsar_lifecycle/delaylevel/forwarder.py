@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, OutMessage
+from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
+from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
 from .rule import (
     BASE_PROP,
@@ -34,6 +34,7 @@ from .rule import (
     forward_at,
     parse_parked,
     sequence_id,
+    source_position,
 )
 
 log = logging.getLogger(__name__)
@@ -46,15 +47,11 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
-# Stall watchdog (pulsar-lite): an idle consumer checks (at its first idle receive after a
-# message, then with a backoff from STALL_CHECK_S to STALL_CHECK_MAX_S) whether the partition holds
-# messages beyond the last one it received, and re-subscribes if so; before it received anything
-# (first check BLIND_WAIT_S after the start) it re-subscribes at most BLIND_RESUBSCRIBES times.
-STALL_CHECK_S = 0.5
-BLIND_WAIT_S = 2.0
-STALL_CHECK_MAX_S = 60.0
-BLIND_RESUBSCRIBES = 3
-MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed partition consumer
+# Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
+# batch's confirmation): hides the broker's round trip without acking anything early. 0 (send,
+# confirm, ack) until benchmark (b) shows the gain on this machine (docs/benchmarks.md):
+# `bench/bench_delay_level.py forward --pipeline-depth N` compares.
+PIPELINE_DEPTH = 0
 
 
 @dataclass(frozen=True)
@@ -98,6 +95,18 @@ class _Held:
 
 
 @dataclass
+class _InFlight:
+    """A batch sent to one topic and not yet confirmed: acked once `last_seq` is persisted."""
+
+    topic: str
+    last_seq: int  # highest sequence id of the batch (the publisher's watermark must pass it)
+    claimed: int  # the forwarder's claim when it was sent (`done` moves there once it is acked)
+    held: List[_Held]
+    kinds: List[str]  # per message "forward" | "dead-letter", counted once confirmed
+    outcomes: List[Outcome]
+
+
+@dataclass
 class _Pending:
     """A cancel waiting for its target; `ack` acknowledges the cancel request."""
 
@@ -123,16 +132,19 @@ class PartitionForwarder:
         self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._cancels: Dict[int, _Pending] = {}
+        self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
-        # Stall watchdog state (see STALL_CHECK_S): `resubscribe` opens a new consumer on the
-        # partition's subscription; None turns the watchdog off.
-        self._resubscribe = resubscribe
-        self._last_seen: Optional[Tuple[int, int]] = None  # (ledger, entry) of the last message received
-        self._check_interval = STALL_CHECK_S
-        self._next_check = time.monotonic() + BLIND_WAIT_S
-        self._blind = 0
-        self.resubscribed = 0
-        self._queue = receiver_queue_size or policy.receiver_queue_size or 200  # the current consumer's queue
+        # Stall watchdog (pulsar_lifecycle.stall_watchdog): `resubscribe` opens a new consumer on
+        # the partition's subscription; None turns the watchdog off.
+        self._watchdog: Optional[StallWatchdog] = None
+        if resubscribe is not None:
+            self._watchdog = StallWatchdog(topic, resubscribe, receiver_queue_size or policy.receiver_queue_size or 200,
+                                           event="delay_level_partition_resubscribed")
+            if self._claimed > 0:
+                # After a restart: the last forwarded position counts as seen (the publisher's
+                # sequence id is the source position), so an idle consumer with unforwarded
+                # messages behind it is re-subscribed without the blind attempts' limit.
+                self._watchdog.seen(*source_position(self._claimed)[:2])
         self._thread = threading.Thread(target=self._run, name=f"delay-level-p{k}", daemon=True)
 
     # -- cancellation ------------------------------------------------------------------------
@@ -192,7 +204,8 @@ class PartitionForwarder:
         message is due now (it is dead-lettered)."""
         mid = msg.message_id()  # read once: each accessor is a call into the client
         ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
-        self._last_seen = (ledger, entry)
+        if self._watchdog is not None:
+            self._watchdog.seen(ledger, entry)
         seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
         if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
@@ -213,20 +226,28 @@ class PartitionForwarder:
 
     def _step(self) -> None:
         if not self._held:
-            msg = self._receive(IDLE_WAIT_MS)
+            # With a batch in flight, only look for more without waiting: an idle partition
+            # confirms and acks what it sent first.
+            msg = self._receive(1 if self._inflight else IDLE_WAIT_MS)
             if msg is None:
+                if self._inflight:
+                    self._settle(0)
+                    return
                 self.stats.next_forward_at = 0
                 self._watch_for_stall()
                 return
             # Once messages flow, a stall is checked for at the first idle receive: a stalled
             # partition is due (its head was), and the lookahead is the whole margin.
-            self._check_interval = STALL_CHECK_S
-            self._next_check = 0.0
+            if self._watchdog is not None:
+                self._watchdog.flowing()
             self._hold(msg)
         due = self._held[0].due
         self.stats.next_forward_at = due
         wait_ms = due - self.policy.clock()
         if wait_ms > 0:
+            if self._inflight:
+                self._settle(0)  # nothing stays unconfirmed and unacked while the head waits
+                return
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
@@ -250,47 +271,19 @@ class PartitionForwarder:
         self.stats.forward_lag_ms = max(0, self.policy.clock() - due)
         self._forward(batch)
 
+    @property
+    def resubscribed(self) -> int:
+        """How often the stall watchdog replaced this partition's consumer."""
+        return self._watchdog.resubscribed if self._watchdog is not None else 0
+
     def _watch_for_stall(self) -> None:
-        """pulsar-lite keeps the permit deficit of a consumer that died (or was closed) holding
-        more messages than its queue, and re-dispatches all of its messages to the next one in one
-        round, so after a few crashes a partition's consumer can stay idle while messages wait
-        (docs/delay-levels.md, "Lateness after a crash"). Each new consumer adds its queue to the
-        subscription's permits, so re-subscribing unblocks it. Checked only while idle, nothing
-        held and nothing unacked (so nothing is reordered); real Pulsar never needs it."""
-        if self._resubscribe is None or self.stop.is_set():
+        """Checked only while idle, nothing held and nothing unacked (so nothing is reordered);
+        see pulsar_lifecycle.stall_watchdog and docs/delay-levels.md, "Lateness after a crash"."""
+        if self._watchdog is None or self.stop.is_set():
             return
-        now = time.monotonic()
-        if now < self._next_check:
-            return
-        self._check_interval = min(STALL_CHECK_MAX_S, self._check_interval * 2)
-        self._next_check = now + self._check_interval
-        try:
-            last = self.consumer.get_last_message_id()
-            end: Optional[Tuple[int, int]] = (last.ledger_id(), last.entry_id())
-        except pulsar.PulsarException:  # pulsar-lite answers an empty topic with an error
-            end = None
-        if end is None or end[0] < 0 or end[1] < 0:
-            return  # nothing in the partition
-        if self._last_seen is not None:
-            if end <= self._last_seen:
-                return  # drained: the last message is one we received
-        elif self._blind >= BLIND_RESUBSCRIBES:
-            return  # nothing received since start: maybe all acked before; stop guessing
-        else:
-            self._blind += 1
-        old = self.consumer
-        # pulsar-lite takes a closed idle consumer's permits out of the total but leaves a dead
-        # one's deficit in it: only a larger queue outweighs the deficit, so each attempt doubles it.
-        self._queue = min(MAX_RESUBSCRIBE_QUEUE, 2 * self._queue)
-        self.consumer = self._resubscribe(self._queue)
-        self.resubscribed += 1
-        log.warning("event=delay_level_partition_resubscribed partition=%s last_seen=%s topic_end=%s queue=%d "
-                    "reason='idle with messages beyond the last received (pulsar-lite permit stall)'",
-                    self.topic, self._last_seen, end, self._queue)
-        try:
-            old.close()
-        except pulsar.PulsarException as exc:  # the new consumer already reads the partition
-            log.warning("event=delay_level_consumer_close_failed partition=%s error=%r", self.topic, exc)
+        new = self._watchdog.check(self.consumer)
+        if new is not None:
+            self.consumer = new
 
     # -- one batch -------------------------------------------------------------------------
 
@@ -320,6 +313,17 @@ class PartitionForwarder:
                     groups[-1][1].append(out)
                 else:
                     groups.append((topic, [out]))
+        if len(groups) == 1 and not dropped and not not_found:
+            # The common case: one topic, nothing cancelled. Send it and confirm the batches
+            # before it (pipelined); this one is acked once the publisher's watermark passes it.
+            topic, msgs = groups[0]
+            outcomes = self.publisher.publish_many(topic, msgs)
+            # The highest id, not the last: a message redelivered out of order can end a batch.
+            last = max(m.sequence_id for m in msgs)
+            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes))
+            self._settle(PIPELINE_DEPTH)
+            return
+        self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []
         for topic, msgs in groups:
             outcomes += self.publisher.publish_many(topic, msgs)
@@ -342,6 +346,22 @@ class PartitionForwarder:
         for pending in not_found:
             pending.ack()
         self._done = max(self._done, self._claimed)
+        self._count(kinds, outcomes)
+
+    def _settle(self, keep: int) -> None:
+        """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
+        then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
+        ack = self.consumer.acknowledge
+        while len(self._inflight) > keep:
+            batch = self._inflight[0]
+            self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
+            self._inflight.popleft()
+            for held in batch.held:
+                ack(held.msg)
+            self._done = max(self._done, batch.claimed)
+            self._count(batch.kinds, batch.outcomes)
+
+    def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1

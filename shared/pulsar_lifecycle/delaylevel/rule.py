@@ -16,7 +16,7 @@ See docs/delay-levels.md for the never-early / bounded-lateness argument and clo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Mapping, Tuple
 
 from ..bucket import positions
 from ..scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
@@ -37,6 +37,7 @@ __all__ = [
     "parse_parked",
     "partition_topic",
     "sequence_id",
+    "source_position",
     "tick_topic",
 ]
 
@@ -89,6 +90,16 @@ def sequence_id(ledger_id: int, entry_id: int, batch_index: int) -> int:
                                  f"(ledger < 2**31 - 1, entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, "
                                  f"batch index <= {positions.MAX_BATCH_INDEX})")
     return ((ledger_id << 32) | low) + 1
+
+
+def source_position(seq: int) -> Tuple[int, int, int]:
+    """(ledger, entry, batch index) of the parked message a forward's sequence id came from
+    (`sequence_id`'s inverse; a message outside a batch comes back with batch index 0)."""
+    if seq < 1:
+        raise ValueError(f"sequence id {seq} names no source position (ids start at 1)")
+    ledger, low = (seq - 1) >> 32, (seq - 1) & 0xFFFF_FFFF
+    entry, batch = positions.decode(low)
+    return ledger, entry, batch
 
 
 def forward_at(base_ms: int, k: int, unit_ms: int, deliver_at_ms: int, lookahead_ms: int) -> int:

@@ -14,6 +14,7 @@ import pulsar
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
+from ..partition_assignment import assign_partitions
 from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
 from ..timing.delayed_producer import DelayedProducer
@@ -31,6 +32,8 @@ __all__ = ["BacklogGate", "DelayLevelSyncerService", "PARTITIONS_KEY", "check_pa
 
 PARTITIONS_KEY = "delay-level/partitions"
 TRAIL_KEY = "delay-level/forward-trail"
+STARTS_KEY = "delay-level/starts"  # /<instance>: how often it started (rotates the subscribe order)
+CANCELS = -1  # the cancel consumer's key beside the partition numbers
 FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for its publish to finish
 SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
@@ -111,7 +114,8 @@ class DelayLevelSyncerService:
 
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
-                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms) -> None:
+                 admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms,
+                 num_instances: Optional[int] = None) -> None:
         self.cfg = cfg
         self.client = client
         self.subscription = subscription
@@ -122,12 +126,16 @@ class DelayLevelSyncerService:
         self.clock = clock
         self.strategy = cfg.strategy
         self.instance = instance
-        if not 0 <= instance < cfg.instances:
-            raise ConfigError(f"instance id {instance} is outside userConfig instances={cfg.instances}: set `instances` "
-                              "to the function's parallelism")
-        # Instance i forwards partitions k with k % instances == i: one consumer per partition keeps
-        # a partition's sequence ids increasing (two consumers would interleave and lose dedup).
-        self.owned = [k for k in range(self.strategy.partitions) if k % cfg.instances == instance]
+        # The function's instance count: wiring reads it from the Context; userConfig `instances`
+        # only for a service built without one.
+        self.num_instances = cfg.instances if num_instances is None else num_instances
+        # Instance i forwards the partitions `assign_partitions` gives it (k % n == i): one
+        # consumer per partition keeps a partition's sequence ids increasing (two consumers would
+        # interleave and lose dedup). Discovered partitions follow the same rule (`_owns`).
+        try:
+            self.owned = list(assign_partitions(self.strategy.partitions, instance, self.num_instances))
+        except ValueError as exc:
+            raise ConfigError(f"syncer instance {instance} of {self.num_instances}: {exc}") from exc
         self.stop_event = threading.Event()
         self.forwarders: List[PartitionForwarder] = []
         self._publishers: List[DedupPublisher] = []
@@ -188,15 +196,14 @@ class DelayLevelSyncerService:
             # each recovery probes the topic's end (about 0.5 s on an idle topic).
             with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
                 publishers = list(pool.map(self._open_publisher, self.owned))
+            consumers = self._subscribe_rotated()
             for k, publisher in zip(self.owned, publishers):
-                self._add_forwarder(k, publisher)
+                self._add_forwarder(k, publisher, consumers[k])
+            self._cancel_consumer = consumers[CANCELS]
             if self._policy.near_term_topic is not None:
                 self._load_trail()
                 self._take_checkpoint()  # before the first forward: every later one is after it
                 self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
-            # Every instance reads every cancel (its own subscription) and applies those of its partitions.
-            cancel_sub = self.subscription if cfg.instances == 1 else f"{self.subscription}-{self.instance}"
-            self._cancel_consumer = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
         except BaseException:
             self.stop()
             raise
@@ -225,10 +232,46 @@ class DelayLevelSyncerService:
             publisher.open(self._policy.near_term_topic)
         return publisher
 
-    def _add_forwarder(self, k: int, publisher: DedupPublisher) -> PartitionForwarder:
+    def _subscribe_rotated(self) -> Dict[int, pulsar.Consumer]:
+        """The partition consumers and the cancel consumer (key CANCELS), subscribed one after
+        the other in an order rotated by one at every start.
+
+        Why (pulsar-lite only): it keys a subscription's consumers by the consumer id the client
+        picks (a per-client counter), and after a SIGKILL that resets the connection it keeps the
+        dead process's consumers for a long time; a new consumer with the same id on the same
+        subscription is refused ("Consumer N already exists") and the client retries until its
+        operation timeout, so a restarted syncer that subscribed in the same order as its
+        predecessor hung in start() (docs/delay-levels.md, "Lateness after a crash"). Rotating the
+        order gives each subscription another id than at the last starts; real Pulsar scopes
+        consumer ids per connection and needs none of this."""
+        starts_key = f"{STARTS_KEY}/{self.instance}"
+        raw = self.state.get(starts_key)
+        starts = int(raw.decode()) + 1 if raw else 1
+        self.state.put(starts_key, str(starts).encode())
+        cfg = self.cfg
+        # Every instance reads every cancel (its own subscription) and applies those of its partitions.
+        cancel_sub = self.subscription if self.num_instances == 1 else f"{self.subscription}-{self.instance}"
+        keys = list(self.owned) + [CANCELS]
+        shift = starts % len(keys)
+        consumers: Dict[int, pulsar.Consumer] = {}
+        try:
+            for key in keys[shift:] + keys[:shift]:
+                if key == CANCELS:
+                    consumers[key] = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
+                else:
+                    consumers[key] = self._subscribe(partition_topic(cfg.delay_level_topic, key), cfg.receiver_queue_size)
+        except BaseException:
+            for c in consumers.values():
+                c.close()
+            raise
+        return consumers
+
+    def _add_forwarder(self, k: int, publisher: DedupPublisher,
+                       consumer: Optional[pulsar.Consumer] = None) -> PartitionForwarder:
         assert self._policy is not None
         topic = partition_topic(self.cfg.delay_level_topic, k)
-        consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
+        if consumer is None:
+            consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
                                        resubscribe=lambda queue: self._subscribe(topic, queue))
         with self._grow_lock:
@@ -237,8 +280,14 @@ class DelayLevelSyncerService:
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
 
+    @property
+    def _trail_key(self) -> str:
+        # The state is shared by the instances (partition-scoped keys); the trail is each
+        # instance's own (instance 0 keeps the single-instance key).
+        return TRAIL_KEY if self.instance == 0 else f"{TRAIL_KEY}/{self.instance}"
+
     def _load_trail(self) -> None:
-        raw = self.state.get(TRAIL_KEY)
+        raw = self.state.get(self._trail_key)
         if raw:
             try:
                 self.trail = ForwardTrail.from_bytes(raw, self.trail.retention_ms, self.trail.max_checkpoints)
@@ -252,7 +301,7 @@ class DelayLevelSyncerService:
         end = last_position(self.client, self._policy.near_term_topic)
         claimed = {f.k: f.claimed for f in list(self.forwarders)}
         self.trail.add(Checkpoint(self.clock(), (end.ledger_id, end.entry_id) if end else None, claimed))
-        self.state.put(TRAIL_KEY, self.trail.to_bytes())
+        self.state.put(self._trail_key, self.trail.to_bytes())
 
     def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int) -> str:
         """Follow a cancel whose parked message was already forwarded into the writer's index:
@@ -307,7 +356,7 @@ class DelayLevelSyncerService:
                     self.partitions = k + 1
                     self.state.put(PARTITIONS_KEY, str(self.partitions).encode())
                     found.append(k)
-                    owned = k % self.cfg.instances == self.instance
+                    owned = k in assign_partitions(k + 1, self.instance, self.num_instances)
                     log.info("event=delay_level_partition_discovered topic=%s partition=%d partitions=%d owned=%s",
                              self.cfg.delay_level_topic, k, self.partitions, owned)
                     if owned and not self.stop_event.is_set():

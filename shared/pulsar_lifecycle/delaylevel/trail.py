@@ -16,13 +16,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
+from .errors import TrailFormatError
+
 __all__ = ["Checkpoint", "ForwardTrail", "TrailFormatError"]
 
 _VERSION = 1
-
-
-class TrailFormatError(ValueError):
-    """A stored trail that cannot be read (it is rebuilt from the next checkpoint on)."""
 
 
 @dataclass(frozen=True)

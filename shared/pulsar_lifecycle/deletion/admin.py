@@ -10,7 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Sequence, Set
 
-from .model import TopicRef, java_url_encode
+from ..topics import java_url_encode
+from .model import TopicRef
 from .ports import StorageError
 from .storage.http import HttpEndpoints
 

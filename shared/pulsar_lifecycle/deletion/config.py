@@ -19,6 +19,7 @@ from ..config.settings import (
     to_str_list,
     user_config_keys,
 )
+from ..topics import FULL_NAME_PREFIXES
 from .topics import SCOPES, DeletionTopics
 
 FUNCTION = "LedgerDeletionWorker"
@@ -137,7 +138,7 @@ class DeletionConfig:
             tenant_namespace=self.tenant_deletion_namespace))
         if self.delay_backend == "scheduler" and not self.scheduling_topic:
             raise ConfigError("delayBackend 'scheduler' needs schedulingTopic (the BucketSnapshotWriter's input topic)")
-        if self.scheduling_topic and not self.scheduling_topic.startswith(("persistent://", "non-persistent://")):
+        if self.scheduling_topic and not self.scheduling_topic.startswith(FULL_NAME_PREFIXES):
             raise ConfigError(f"schedulingTopic must be fully qualified (persistent://...), got {self.scheduling_topic!r}")
         if (self.s3_access_key_id_secret is None) != (self.s3_secret_access_key_secret is None):
             raise ConfigError("s3AccessKeyIdSecret and s3SecretAccessKeySecret must be given together")

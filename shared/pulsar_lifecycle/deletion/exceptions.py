@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..exceptions import PulsarLifecycleError
 
-__all__ = ["DeletionError", "InvalidRequestError", "PendingDeleteSendError", "StorageError"]
+__all__ = ["DeletionError", "InvalidRequestError", "LedgerMissing", "PendingDeleteSendError", "StorageError"]
 
 
 class DeletionError(PulsarLifecycleError):
@@ -20,3 +20,7 @@ class StorageError(DeletionError, RuntimeError):
 
 class PendingDeleteSendError(DeletionError, RuntimeError):
     """The pending-delete request could not be stored: the caller must NOT update metadata."""
+
+
+class LedgerMissing(DeletionError):
+    """The bookie says this ledger does not exist (BookieHttpClient.metadata; callers treat it as gone)."""

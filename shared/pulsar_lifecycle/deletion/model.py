@@ -17,7 +17,6 @@ from .exceptions import InvalidRequestError
 
 _MASK64 = (1 << 64) - 1
 # What Java's URLEncoder leaves alone; Pulsar encodes the local topic name with it.
-_URLENCODER_SAFE = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-*_")
 
 
 class LedgerComponent(enum.Enum):
@@ -34,19 +33,6 @@ class LedgerType(enum.Enum):
 
     LEDGER = "LEDGER"
     OFFLOAD_LEDGER = "OFFLOAD_LEDGER"
-
-
-def java_url_encode(text: str) -> str:
-    """java.net.URLEncoder.encode(text, UTF-8), which Pulsar uses for persistence names."""
-    out = []
-    for ch in text:
-        if ch in _URLENCODER_SAFE:
-            out.append(ch)
-        elif ch == " ":
-            out.append("+")
-        else:
-            out.extend(f"%{b:02X}" for b in ch.encode("utf-8"))
-    return "".join(out)
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,7 @@ class TopicRef(TopicName):
     @property
     def managed_ledger_name(self) -> str:
         """The persistence name Pulsar writes into `pulsar/managed-ledger` ledger metadata."""
-        return f"{self.tenant}/{self.namespace}/persistent/{java_url_encode(self.local_name)}"
+        return self.persistence_name
 
     @property
     def schema_id(self) -> str:

@@ -11,16 +11,14 @@ topics in `<tenant>/<tenantNamespace>`, and a worker refuses requests for other 
 """
 from __future__ import annotations
 
-import re
 import zlib
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..topics import TopicName, TopicNameError, partition_name
+from ..topics import TopicName, TopicNameError, is_named_entity, partition_name
 from .model import InvalidRequestError, TopicRef
 
 SCOPES = ("cluster", "tenant")
-_NAME_RE = re.compile(r"^[-=:.\w]+$")
 
 
 @dataclass(frozen=True)
@@ -48,10 +46,10 @@ class DeletionTopics:
         if not isinstance(self.parallelism, int) or self.parallelism < 1:
             raise ValueError(f"ledgerDeletionParallelism must be an integer >= 1, got {self.parallelism!r}")
         parts = self.namespace.split("/")
-        if len(parts) != 2 or not all(_NAME_RE.match(p) for p in parts):
+        if len(parts) != 2 or not all(is_named_entity(p) for p in parts):
             raise ValueError(f"deletionNamespace must be 'tenant/namespace', got {self.namespace!r}")
         for label, value in (("deletionTopicName", self.topic_name), ("tenantDeletionNamespace", self.tenant_namespace)):
-            if not _NAME_RE.match(value):
+            if not is_named_entity(value):
                 raise ValueError(f"{label} has illegal characters: {value!r}")
 
     # -- namespaces -----------------------------------------------------------------------------
@@ -121,11 +119,11 @@ class DeletionTopics:
             if ns != self.tenant_namespace:
                 raise ValueError(f"{source_topic!r} is outside the tenant deletion namespace {self.tenant_namespace}")
             owner = tenant
-        name = re.escape(self.topic_name)
-        for kind, pattern in (("retry", rf"^{name}-RETRY-partition-(\d+)$"), ("main", rf"^{name}-partition-(\d+)$")):
-            pm = re.match(pattern, local)
-            if pm:
-                return SourceTopic(kind, int(pm.group(1)), owner)
+        if parsed.partition is not None:
+            base, index = parsed.partition
+            kind = {self.topic_name: "main", f"{self.topic_name}-RETRY": "retry"}.get(base)
+            if kind is not None:
+                return SourceTopic(kind, index, owner)
         if local == f"{self.topic_name}-DLQ":
             return SourceTopic("dlq", -1, owner)
         raise ValueError(f"{source_topic!r} is not a deletion, retry or DLQ topic of {self.topic_name}")

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional
@@ -10,6 +9,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import pulsar
 
 from ..config.settings import user_config_from_json
+from ..producers import ProducerPool
 from ..state.base import StateStore
 from ..topics import strip_partition
 from .classloader import import_class
@@ -64,9 +64,16 @@ class LocalContext:
     message: Optional[pulsar.Message] = None
     # Set by the local runner: its --data-dir, where functions keep local data by default.
     data_dir: Optional[Path] = None
-    _publish_producers: Dict[str, pulsar.Producer] = field(default_factory=dict, repr=False)
+    _publish_pool: ProducerPool = field(init=False, repr=False)
     _serdes: Dict[str, Any] = field(default_factory=dict, repr=False)
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        # Pulsar's ContextImpl.publish producers: batching, blocking when the queue is full, named
+        # after the function instance.
+        self._publish_pool = ProducerPool(
+            self.client, block_if_queue_full=True, batching_enabled=True, batching_max_publish_delay_ms=10,
+            properties={"application": "pulsar-function", "id": self.identity.fqfn,
+                        "instance_id": str(self.identity.instance_id)})
 
     # -- current message -------------------------------------------------------------------
     def set_current_message(self, message: Optional[pulsar.Message]) -> None:
@@ -172,19 +179,7 @@ class LocalContext:
         message_conf: Optional[Mapping[str, Any]] = None,
     ) -> None:
         """Publish like ContextImpl.publish: one batching producer per topic, async send."""
-        with self._lock:
-            producer = self._publish_producers.get(topic_name)
-            if producer is None:
-                producer = self.client.create_producer(
-                    topic_name,
-                    block_if_queue_full=True,
-                    batching_enabled=True,
-                    batching_max_publish_delay_ms=10,
-                    compression_type=compression_type or pulsar.CompressionType.NONE,
-                    properties={"application": "pulsar-function", "id": self.identity.fqfn,
-                                "instance_id": str(self.identity.instance_id)},
-                )
-                self._publish_producers[topic_name] = producer
+        producer = self._publish_pool.get(topic_name, compression_type=compression_type or pulsar.CompressionType.NONE)
         payload = self._serde(serde_class_name).serialize(message)
         conf = dict(message_conf or {})
         if properties:
@@ -205,7 +200,7 @@ class LocalContext:
 
     def flush_publishers(self) -> None:
         """Flush every context.publish producer (on shutdown)."""
-        for p in list(self._publish_producers.values()):
+        for p in self._publish_pool.producers():
             try:
                 p.flush()
             except Exception:  # a closed client cannot flush; nothing left to save
@@ -213,14 +208,7 @@ class LocalContext:
 
     def close_publishers(self) -> None:
         """Flush and close every context.publish producer (on shutdown, before the client closes)."""
-        self.flush_publishers()
-        with self._lock:
-            producers, self._publish_producers = list(self._publish_producers.values()), {}
-        for p in producers:
-            try:
-                p.close()
-            except Exception:  # the client may already be unusable; closing it comes next
-                pass
+        self._publish_pool.close()
 
     # -- state ----------------------------------------------------------------------------------
     def _state(self) -> StateStore:

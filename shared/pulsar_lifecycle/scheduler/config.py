@@ -190,6 +190,33 @@ def scheduling_input(input_topics: Sequence[str], user: Mapping[str, Any]) -> Tu
     return others[0], False
 
 
+def _tick_spread_problems(cfg: Mapping[str, Any], tick_topic: str, partitions: int) -> List[str]:
+    # Several instances of a partitioned writer are each started by a tick; with a receiver queue
+    # above 1 the broker may hand every tick to one instance (pulsar-lite did) and the others,
+    # with their partitions, never start.
+    try:
+        parallelism = int(cfg.get("parallelism") or 1)
+    except (TypeError, ValueError):
+        return []  # a bad value: reported by the field check
+    specs = cfg.get("inputSpecs")
+    if parallelism <= 1 or not tick_topic:
+        return []
+    if not isinstance(specs, Mapping):
+        specs = {}
+    tick = normalize_topic(tick_topic)
+    for topic, spec in specs.items():
+        if isinstance(topic, str) and normalize_topic(topic) == tick:
+            queue = spec.get("receiverQueueSize") if isinstance(spec, Mapping) else None
+            if queue != 1:
+                return [f"userConfig schedulingTopicPartitions={partitions} with parallelism {parallelism}: the "
+                        f"tick input {tick_topic} needs receiverQueueSize: 1 (is {queue!r}) so the ticks "
+                        "reach every instance; with a larger queue one instance may take them all and the "
+                        "others never start"]
+            return []
+    return [f"userConfig schedulingTopicPartitions={partitions} with parallelism {parallelism}: declare the "
+            f"tick input {tick_topic} under inputSpecs with receiverQueueSize: 1 so the ticks reach every instance"]
+
+
 def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
     """What `validate` can tell about a BucketSnapshotWriter config's inputs beyond field types:
     the intake's inputs and one subscription for the scheduling topic's two consumers (the
@@ -229,6 +256,7 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
         elif sched in [normalize_topic(t) for t in inputs]:
             problems.append(f"userConfig schedulingTopicPartitions={partitions}: the scheduling topic {sched} must not "
                             "be a function input (each owned partition has its own consumer); inputs: tickTopic only")
+        problems += _tick_spread_problems(cfg, topics["tickTopic"], partitions)
     try:
         scheduling_input(inputs, topics)
     except (ValueError, TypeError) as exc:

@@ -29,6 +29,7 @@ from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
 from .partitioned import FencedPublisher, PartitionedWriter
+from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
 from .snapshot_deletion import TwoPhaseSnapshotDeleter
@@ -173,16 +174,21 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         check_index_identity(storage, dedup_state, state_location=state_location(context, names.state_prefix),
                              published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         source_factory = None
+        runtime_input = None
         if names.direct:
             sub = SchedulingSubscription(
                 topic=names.topic, subscription=cfg.scheduling_subscription or fqfn,
                 batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
                 max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
-            source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
+            # The scheduling topic as an input only starts the writer (runtime_input.py).
+            runtime_input = RuntimeInput.of_input(context, names.topic)
+            hand_back = runtime_input.hand_back if runtime_input is not None else None
+            source_factory = lambda: SchedulingConsumer(client, sub, hand_back)  # noqa: E731 - opened after recovery
         sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
-                                   client, context.record_metric, resources=resources, source_factory=source_factory)
+                                   client, context.record_metric, resources=resources, source_factory=source_factory,
+                                   runtime_input=runtime_input)
         service.start()
     except BaseException:
         # The next process() call builds again: the snapshot-directory lock (or the partition's

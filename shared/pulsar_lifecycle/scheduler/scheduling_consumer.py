@@ -6,20 +6,27 @@ The Python Functions runtime hands a function one message at a time through a qu
 the service subscribes to it through `context.get_pulsar_client()` (the runtime's own client)
 and takes whole batches with `batch_receive`: a batch is classified, made durable in one journal
 write and then acked, message by message, on the same consumer. The function's inputs are then
-only the tick topic, which starts the function and wakes it after a restart.
+the tick topic, which wakes it after a restart, and optionally the scheduling topic itself, whose
+first message starts a fresh deployment (its runtime consumer is then paused: runtime_input.py).
 
 A crash before the acks leaves the batch unacked on the subscription; it is redelivered and the
 index drops what it already holds (duplicates by position), so nothing is lost or indexed twice.
+
+A stall watchdog (pulsar_lifecycle.stall_watchdog) re-subscribes the consumer when it is idle
+while the topic holds messages beyond the last one it received: on pulsar-lite a consumer killed
+(or paused) holding a batch entry larger than its queue leaves a permit deficit that can keep its
+successor idle. It runs only between batches, when everything received is acked.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import pulsar
 
 from ..clock import wall_clock_ms
+from ..stall_watchdog import StallWatchdog
 from .intake import classify
 from .service import IntakeBatch, Pending
 
@@ -44,20 +51,32 @@ class SchedulingSubscription:
 class SchedulingConsumer:
     """An IntakeSource over a Shared batch consumer of the scheduling topic."""
 
-    def __init__(self, client: pulsar.Client, sub: SchedulingSubscription) -> None:
+    def __init__(self, client: pulsar.Client, sub: SchedulingSubscription,
+                 before_resubscribe: Optional[Callable[[], None]] = None, watchdog: bool = True) -> None:
+        """`before_resubscribe` runs when the watchdog found a stall (e.g. the runtime's own consumer
+        of the topic hands back what it holds); `watchdog` False turns the watchdog off."""
         self.sub = sub
+        self._client = client
+        queue = max(1000, 2 * sub.batch_size)
+        self._consumer = self._subscribe(queue)
+        self.watchdog: Optional[StallWatchdog] = (
+            StallWatchdog(sub.topic, self._subscribe, queue, before_resubscribe) if watchdog else None)
+
+    def _subscribe(self, receiver_queue_size: int) -> pulsar.Consumer:
         # Shared like the runtime's own input consumers (and the only type pulsar-lite gets right);
         # Earliest so messages sent before the writer first ran are scheduled too.
-        self._consumer = client.subscribe(
+        sub = self.sub
+        consumer = self._client.subscribe(
             sub.topic, sub.subscription,
             consumer_type=pulsar.ConsumerType.Shared,
             initial_position=pulsar.InitialPosition.Earliest,
-            receiver_queue_size=max(1000, 2 * sub.batch_size),
+            receiver_queue_size=receiver_queue_size,
             batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(sub.batch_size, MAX_BATCH_BYTES,
                                                                    max(1, sub.batch_delay_ms)),
         )
-        log.info("event=scheduling_consumer_subscribed topic=%s subscription=%s batch_size=%d",
-                 sub.topic, sub.subscription, sub.batch_size)
+        log.info("event=scheduling_consumer_subscribed topic=%s subscription=%s batch_size=%d receiver_queue=%d",
+                 sub.topic, sub.subscription, sub.batch_size, receiver_queue_size)
+        return consumer
 
     def take(self) -> Optional[IntakeBatch]:
         """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
@@ -67,11 +86,18 @@ class SchedulingConsumer:
             try:
                 first = self._consumer.receive(timeout_millis=IDLE_WAIT_MS)
             except pulsar.Timeout:
+                # Idle, and everything received is acked: the moment to look for a stall.
+                if self.watchdog is not None:
+                    new = self.watchdog.check(self._consumer)
+                    if new is not None:
+                        self._consumer = new
                 return None
             msgs = [first]
         now = wall_clock_ms()
         items = [self._pending(m, now) for m in msgs]
         consumer = self._consumer
+        if self.watchdog is not None:
+            self.watchdog.flowing()
 
         def ack() -> None:
             for m in msgs:
@@ -82,10 +108,13 @@ class SchedulingConsumer:
         props = msg.properties()
         payload = msg.data()
         mid = msg.message_id()
+        ledger, entry = mid.ledger_id(), mid.entry_id()  # each accessor is a call into the client
+        if self.watchdog is not None:
+            self.watchdog.seen(ledger, entry)
         item = classify(
             payload=payload, properties=props, key=msg.partition_key() or None,
             event_time=msg.event_timestamp(),
-            position=(mid.ledger_id(), mid.entry_id(), mid.partition(), mid.batch_index()),
+            position=(ledger, entry, mid.partition(), mid.batch_index()),
             now_ms=now, max_delay_ms=self.sub.max_delay_ms,
             allowed_target_prefixes=self.sub.allowed_target_prefixes,
         )

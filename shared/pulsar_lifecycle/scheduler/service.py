@@ -130,7 +130,8 @@ class SchedulerService:
     def __init__(self, engine: Any, publisher: DedupPublisher, config: WriterConfig, default_target: str,
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
                  resources: Optional[List[Any]] = None,
-                 source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms) -> None:
+                 source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms,
+                 runtime_input: Optional[Any] = None) -> None:
         self.engine = engine
         self.clock = clock  # deliver-at times are wall-clock instants; tests may inject a FakeClock
         self.publisher = publisher
@@ -145,6 +146,9 @@ class SchedulerService:
         # The direct source is opened after recovery, so nothing is received before the index is usable.
         self._source_factory = source_factory
         self._source: IntakeSource = self._queue
+        # Direct intake with the scheduling topic also an input: the runtime's consumer of it
+        # (runtime_input.RuntimeInput), paused once the service runs.
+        self.runtime_input = runtime_input
         self._wake = threading.Condition()
         self._threads: List[threading.Thread] = []
         # (seq, target topic or None for a cancelled item), in release order; release thread only.
@@ -236,6 +240,12 @@ class SchedulerService:
         """Queue one classified message (runtime intake, called from process()); blocks when full."""
         if not self._queue.submit(pending):
             raise RuntimeError("scheduler stopped") from self.failure
+
+    def pause_runtime_input(self) -> None:
+        """Direct intake: from now on the runtime's own consumer of the scheduling topic takes
+        nothing more, and what it prefetched goes to the direct consumer (runtime_input.py)."""
+        if self.runtime_input is not None:
+            self.runtime_input.pause()
 
     def _intake_loop(self) -> None:
         while not self._stop.is_set():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any, Optional, Tuple
 
 from ..clock import wall_clock_ms
@@ -65,6 +66,27 @@ def send_wake_tick(client: Any, tick_topic: str) -> None:
     finally:
         producer.close()
     log.info("event=wake_tick_sent topic=%s", tick_topic)
+
+
+def send_start_ticks(client: Any, tick_topic: str, count: int, interval_s: float = 0.2) -> int:
+    """Send `count` ticks, each confirmed by the broker, `interval_s` apart: what starts the
+    instances of a writer whose only input is the tick topic (a partitioned writer on a cluster).
+
+    Spacing them lets each instance's queue-of-one consumer take one before the next is sent;
+    a tick beyond the one an instance holds is acked by it, so extra ticks are harmless.
+    """
+    if count < 1:
+        raise ValueError(f"count must be at least 1, got {count}")
+    producer = client.create_producer(tick_topic, batching_enabled=False)
+    try:
+        for i in range(count):
+            if i:
+                time.sleep(interval_s)
+            producer.send(b"tick", properties={TICK_PROP: str(wall_clock_ms())})
+    finally:
+        producer.close()
+    log.info("event=start_ticks_sent topic=%s count=%d", tick_topic, count)
+    return count
 
 
 def wake_after_failure(client: Any, tick_topic: str, delay_ms: int) -> None:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from pyspark.sql import SparkSession  # this module runs only under Spark
 
+from ..clock import Clock, wall_clock_ms
 from .errors import SparkJobError
 from .orphans_enqueue import EnqueueResult, enqueue_orphans
 from .orphans_job import (
@@ -95,7 +95,7 @@ class AuditConfig:
     older_than_ms: int = 24 * 3600 * 1000
     confirm_after_ms: int = 3600 * 1000
     sample: int = 1000
-    clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000))
+    clock_ms: Clock = field(default=wall_clock_ms)
 
 
 @dataclass

@@ -8,6 +8,7 @@ Status rules are described in orphans_model; they are written once, here, as Col
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -15,6 +16,7 @@ from pyspark.sql import Column, DataFrame, SparkSession  # this module runs only
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from ..topics import DOMAINS
 from .errors import SparkJobError
 from .orphans_model import (
     ADMIN_COMPONENTS,
@@ -98,7 +100,7 @@ def _require(df: DataFrame, column: str, what: str, path: str) -> None:
 
 def _owner_ns(owner: Column) -> Column:
     """tenant/namespace of an owner (same rule as orphans_model.namespace_of)."""
-    bare = F.regexp_replace(owner, r"^[a-z-]+://", "")
+    bare = F.regexp_replace(owner, "^(" + "|".join(re.escape(d) for d in DOMAINS) + ")://", "")
     parts = F.split(bare, "/")
     return F.when((F.size(parts) >= 3) & (F.length(parts[0]) > 0) & (F.length(parts[1]) > 0),
                   F.concat_ws("/", parts[0], parts[1]))

@@ -24,7 +24,9 @@ import binascii
 import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Set, Tuple
-from urllib.parse import unquote_plus
+
+from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError
+from .errors import ListingError
 
 # -- id spaces and components ---------------------------------------------------------------------
 LEDGER_SPACE = "ledger"  # BookKeeper ledger ids (bookies and tiered storage)
@@ -70,10 +72,6 @@ _OFFLOAD_KEY = re.compile(
 _FS_LEDGER_DIR = re.compile(r"^(?P<id>\d+)-(?P<uuid>[0-9a-fA-F-]{36})$")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?\s*$")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-
-
-class ListingError(RuntimeError):
-    """A listing or in-use source failed or may be incomplete: the whole audit must stop."""
 
 
 @dataclass(frozen=True)
@@ -146,10 +144,11 @@ class InUseSet:
 
 # -- names ------------------------------------------------------------------------------------------
 def namespace_of(owner: Optional[str]) -> Optional[str]:
-    """`tenant/namespace` of an ML name (`t/ns/persistent/x`), schema id (`t/ns/x`) or topic."""
+    """`tenant/namespace` of an ML name (`t/ns/persistent/x`), schema id (`t/ns/x`) or topic
+    (`persistent://t/ns/x`); None for anything else. orphans_job._owner_ns is this rule as a Spark column."""
     if not owner:
         return None
-    rest = owner.split("://", 1)[-1]
+    rest = next((owner[len(p):] for p in FULL_NAME_PREFIXES if owner.startswith(p)), owner)
     parts = rest.split("/")
     if len(parts) < 3 or not parts[0] or not parts[1]:
         return None
@@ -158,10 +157,13 @@ def namespace_of(owner: Optional[str]) -> Optional[str]:
 
 def topic_of_managed_ledger(ml_name: str) -> str:
     """`tenant/ns/topic` from the persistence name `tenant/ns/persistent/<URL-encoded topic>`."""
-    parts = ml_name.split("/", 3)
-    if len(parts) != 4 or parts[2] != "persistent" or not all(parts):
+    try:
+        topic = TopicName.from_persistence_name(ml_name)
+    except TopicNameError:
+        topic = None
+    if topic is None or topic.domain != "persistent":
         raise ValueError(f"not a managed-ledger name of the form tenant/namespace/persistent/topic: {ml_name!r}")
-    return f"{parts[0]}/{parts[1]}/{unquote_plus(parts[3])}"
+    return topic.short_name
 
 
 # -- metadata -> component --------------------------------------------------------------------------

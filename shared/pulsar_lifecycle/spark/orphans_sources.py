@@ -27,9 +27,10 @@ from ..bucket.storage import SnapshotNotFoundError
 from ..bucket.storage import StorageError as SnapshotStorageError
 from ..bucket.storage.directory import DirectorySnapshotStorage
 from ..deletion.admin import ledger_ids_from_internal_stats
-from ..deletion.model import TopicRef, java_url_encode
+from ..deletion.model import TopicRef
 from ..deletion.ports import StorageError
 from ..deletion.storage.http import HttpEndpoints
+from ..topics import java_url_encode
 from .orphans_model import (
     ADMIN_COMPONENTS,
     BUCKET_SPACE_PREFIX,

@@ -23,15 +23,12 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from ..durable import atomic_write, fsync_dir, fsync_fd
+from .errors import ScanStateError
 
 log = logging.getLogger(__name__)
 
 RECORD_VERSION = 1
 _RECORD_NAME = re.compile(r"^(?P<id>\d{13}-[0-9a-f]{8})\.json$")
-
-
-class ScanStateError(RuntimeError):
-    """The scan-state directory cannot be written or holds a damaged record."""
 
 
 @dataclass

@@ -24,6 +24,7 @@ from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
 from ..bucket.sealing import plan_ledger_buckets, seal_threshold
 from ..bucket.storage import BucketSnapshotStorage
+from ..clock import Clock, wall_clock_ms
 from ..scheduler.index_identity import seq_base_for_new_index
 from ..scheduler.intake import Cancel
 from ..scheduling_protocol import CANCEL_PROP
@@ -229,12 +230,12 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
     return report
 
 
-def _claim_index(storage: BucketSnapshotStorage) -> str:
+def _claim_index(storage: BucketSnapshotStorage, clock: Clock = wall_clock_ms) -> str:
     """Make the store a new index before its manifest (the commit point) is written: a cursor
     with the sequence base of a new index (so releases never collide with ids an earlier index
     published; scheduler/index_identity.py) and an index id the writer adopts at its first start."""
     if storage.get_cursor() is None:
-        base = seq_base_for_new_index(int(time.time() * 1000), 0)
+        base = seq_base_for_new_index(clock(), 0)
         storage.put_cursor(ReleaseCursor(has_watermark=False, seq=base).SerializeToString())
     index_id = storage.get_index_id() or uuid.uuid4().hex
     storage.put_index_id(index_id)

@@ -2,10 +2,10 @@
 and the intake checks, read from the writer's own function config (and --user-config)."""
 from __future__ import annotations
 
-import time
 from typing import Any, Dict, Optional, Tuple
 
 from ..bucket.config import BucketConfig
+from ..clock import wall_clock_ms
 from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
 from ..config.settings import ConfigError, user_config_from_json
 from ..scheduler.config import parse_writer_config, scheduling_input
@@ -38,7 +38,7 @@ def writer_settings(config_file: Optional[str], user_config: Optional[str],
         writer = parse_writer_config(user, topic=topic, cursor=cursor)
     except (ValueError, FunctionConfigError) as exc:
         raise SparkJobError(f"writer config: {exc}") from exc
-    opts = ClassifyOptions(now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+    opts = ClassifyOptions(now_ms=wall_clock_ms() if now_ms is None else now_ms,
                            max_delay_ms=writer.max_delay_seconds * 1000,
                            allowed_target_prefixes=writer.allowed_target_prefixes)
     return writer.bucket, opts

@@ -7,12 +7,13 @@ either the old or the new value, never a torn one. A write that cannot be made d
 """
 from __future__ import annotations
 
+import hashlib
 import threading
 import urllib.parse
 from pathlib import Path
 from typing import Optional
 
-from ..durable import atomic_write, fsync_dir
+from ..durable import NAME_MAX, atomic_write, fsync_dir
 from .base import StateError, table_namespace
 
 __all__ = ["DirectoryStateStore", "atomic_write"]  # atomic_write: kept importable from here
@@ -35,7 +36,16 @@ class DirectoryStateStore:
         # quote() keeps any key (slashes, unicode) a single safe file name.
         name = urllib.parse.quote(key, safe="")
         # "." and ".." would name the directory itself or its parent.
-        return {"": "%00", ".": "%2E", "..": "%2E%2E"}.get(name, name)
+        name = {"": "%00", ".": "%2E", "..": "%2E%2E"}.get(name, name)
+        if len(name) <= NAME_MAX:  # quote() output is ASCII: characters are bytes
+            return name
+        # Longer names (long producer and topic names in dedup snapshot keys) would fail with
+        # ENAMETOOLONG: keep a readable prefix and make the rest a digest of the whole key. Names
+        # that fit are unchanged, so stores written before keep their files; a hashed name is
+        # always longer than NAME_MAX - 1 - 64 chars of prefix and cannot equal a quoted short key
+        # unless that key contains this very digest.
+        digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+        return f"{name[:NAME_MAX - 1 - len(digest)]}~{digest}"
 
     def _value_path(self, key: str) -> Path:
         return self.path / "values" / self._name(key)

@@ -251,6 +251,21 @@ def test_validate_partitioned_writer_inputs():
     assert any("must not be a function input" in p for p in problems), problems
 
 
+def test_validate_partitioned_writer_tick_input_reaches_every_instance():
+    from pulsar_lifecycle.scheduler.config import check_writer_inputs
+
+    sched, ticks = "persistent://public/default/s", "persistent://public/default/t"
+    base = {"name": "w", "parallelism": 2,
+            "userConfig": {"schedulingTopic": sched, "tickTopic": ticks, "schedulingTopicPartitions": 4}}
+    assert check_writer_inputs(dict(base, inputSpecs={ticks: {"receiverQueueSize": 1}})) == []
+    for specs in ({ticks: {"receiverQueueSize": 1000}}, {ticks: {}}, None):
+        cfg = dict(base, inputSpecs=specs) if specs is not None else dict(base, inputs=[ticks])
+        problems = check_writer_inputs(cfg)
+        assert len(problems) == 1 and "receiverQueueSize: 1" in problems[0] and ticks in problems[0], problems
+    # one instance is started by whatever tick it gets
+    assert check_writer_inputs(dict(base, parallelism=1, inputs=[ticks])) == []
+
+
 def test_num_instances_from_each_context_kind():
     from types import SimpleNamespace
 

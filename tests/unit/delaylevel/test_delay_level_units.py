@@ -24,6 +24,7 @@ from pulsar_lifecycle.delaylevel.rule import (
     default_delay_level_topic,
     parse_parked,
     partition_topic,
+    source_position,
 )
 from pulsar_lifecycle.delaylevel.service import check_partition_count
 
@@ -206,3 +207,11 @@ def test_forward_trail_finds_the_checkpoint_before_a_forward_and_forgets_old_one
         ForwardTrail.from_bytes(b'{"v": 9, "checkpoints": []}', 60_000)
     with pytest.raises(TrailFormatError, match="unreadable"):
         ForwardTrail.from_bytes(b"[", 60_000)
+
+
+def test_source_position_inverts_the_sequence_id():
+    for pos in [(0, 0, 0), (7, 12345, 99), ((1 << 31) - 2, 3, 0)]:
+        assert source_position(sequence_id(*pos)) == pos
+    assert source_position(sequence_id(5, 6, -1)) == (5, 6, 0)  # outside a batch: as its index 0
+    with pytest.raises(ValueError):
+        source_position(0)

@@ -18,9 +18,9 @@ from pulsar_lifecycle.deletion.model import (
     OffloadContext,
     PendingDeleteLedgerInfo,
     TopicRef,
-    java_url_encode,
 )
 from pulsar_lifecycle.deletion.topics import DeletionTopics, check_tenant
+from pulsar_lifecycle.topics import java_url_encode
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-_.", min_size=1, max_size=20).filter(lambda s: s not in (".", ".."))
 

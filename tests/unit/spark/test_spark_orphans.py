@@ -195,3 +195,17 @@ def test_bookie_pages_listed_by_the_executors_in_rounds(spark, bookie_server, tm
     bookie_server.fail_list_pages.clear()
     with pytest.raises(ListingError, match="more than 6 pages"):
         list_bookies(spark, BookieListing([bookie_server.url], max_pages=6), tmp_path / "n", tasks=2, pages_per_task=2)
+
+
+def test_owner_namespace_is_one_rule_in_python_and_in_spark(spark):
+    """orphans_job's column expression gives exactly orphans_model.namespace_of for every kind of owner."""
+    from pyspark.sql import functions as F
+
+    from pulsar_lifecycle.spark.orphans_job import _owner_ns
+    from pulsar_lifecycle.spark.orphans_model import namespace_of
+
+    owners = ["t/ns/persistent/a%2Fb", "t/ns/x", "persistent://t/ns/x", "non-persistent://t/ns/x-partition-1",
+              "s3://bucket/t/ns/x", "Persistent://t/ns/x", "t/ns/", "t//x", "/ns/x", "t/ns", "", "x://y://t/ns/z"]
+    rows = spark.createDataFrame([(o,) for o in owners], "owner string").select(
+        "owner", _owner_ns(F.col("owner")).alias("ns")).collect()
+    assert {r["owner"]: r["ns"] for r in rows} == {o: namespace_of(o) for o in owners}

@@ -90,3 +90,22 @@ def test_factory_opens_directory_store_that_persists(tmp_path: Path) -> None:
     store.put("k", b"v")
     store.close()
     assert open_state_store("", tmp_path, TENANT, NAMESPACE, "fn").get("k") == b"v"
+
+
+def test_keys_longer_than_a_file_name_are_stored_and_kept_apart(tmp_path: Path) -> None:
+    # A dedup snapshot key names its producer and topic; with long names the quoted key is more
+    # than NAME_MAX bytes, which failed every put with ENAMETOOLONG.
+    store = DirectoryStateStore(tmp_path, "public", "default", "fn")
+    long_a = "dedup/" + "p" * 300 + "/persistent://public/default/" + "t" * 200 + "-a"
+    long_b = long_a[:-1] + "b"  # same prefix, different key
+    near = "k" * 250  # fits: stays under its plain quoted name
+    for key, value in ((long_a, b"A"), (long_b, b"B"), (near, b"N")):
+        store.put(key, value)
+    store.incr(long_a, 3)
+    reopened = DirectoryStateStore(tmp_path, "public", "default", "fn")
+    assert (reopened.get(long_a), reopened.get(long_b), reopened.get(near)) == (b"A", b"B", b"N")
+    assert reopened.get_counter(long_a) == 3
+    assert (store.path / "values" / near).is_file()
+    assert all(len(p.name) <= 255 for p in (store.path / "values").iterdir())
+    reopened.delete(long_a)
+    assert reopened.get(long_a) is None and reopened.get(long_b) == b"B"

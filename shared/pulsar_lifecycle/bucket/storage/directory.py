@@ -36,7 +36,7 @@ import zlib
 from pathlib import Path
 from typing import IO, BinaryIO, List, Optional, Sequence, Tuple
 
-from ...durable import DurableFile, append_durably, atomic_write, fsync_dir, truncate_durably
+from ...durable import DurableFile, append_durably, atomic_write, fsync_dir, tmp_name, truncate_durably
 from .base import (
     SnapshotNotFoundError,
     StorageError,
@@ -65,7 +65,7 @@ class _DirWriter:
         self._owner = owner
         self._info = info
         self._final = owner._snap_path(bucket_id)
-        self._tmp = self._final.with_name(f".{self._final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        self._tmp = self._final.with_name(tmp_name(self._final.name))
         self._entries: List[Tuple[int, int, int]] = []  # segments, in order
         self._offset = 0
         try:

@@ -13,6 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Dict, Sequence, Set
 
+from ..exceptions import LedgerMissing
 from ..model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo
 from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
 from .http import HttpEndpoints
@@ -29,10 +30,6 @@ LEGACY_KEY_MANAGED_LEDGER = "psr/managed-ledger"
 LEGACY_KEY_CURSOR = "psr/cursor"
 COMPONENT_MANAGED_LEDGER = "managed-ledger"
 COMPONENT_SCHEMA = "schema"
-
-
-class LedgerMissing(Exception):
-    """The bookie says this ledger does not exist."""
 
 
 @dataclass

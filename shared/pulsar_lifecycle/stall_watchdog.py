@@ -1,0 +1,98 @@
+"""`StallWatchdog`: re-subscribes a consumer that sits idle while its topic holds more (pulsar-lite).
+
+pulsar-lite keeps the permit deficit of a consumer that died (or was closed, or paused) holding
+more messages than its receiver queue (a batch entry is dispatched whole), and counts it against
+the whole subscription; it also re-dispatches all of a dead consumer's messages to the next one
+in one round. So after a SIGKILL (or while another consumer of the subscription holds a large
+entry) a consumer can stay idle while messages wait (docs/delay-levels.md, "Lateness after a
+crash"). Each new consumer adds its queue to the subscription's permits, so re-subscribing
+unblocks it. Real Pulsar never needs this; there the check finds nothing and does nothing.
+
+Used by the delay-level forwarders and the bucket writer's direct intake. The owner calls
+`seen()` for what it receives, `flowing()` when messages arrive, and `check()` only while idle
+with nothing held and nothing unacked, so re-subscribing reorders or duplicates nothing.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional, Tuple
+
+import pulsar
+
+log = logging.getLogger(__name__)
+
+# The first check comes at the first idle receive after messages flowed, then with a backoff from
+# STALL_CHECK_S to STALL_CHECK_MAX_S; before anything was received the first check is BLIND_WAIT_S
+# after the start, and at most BLIND_RESUBSCRIBES re-subscriptions are made blind.
+STALL_CHECK_S = 0.5
+BLIND_WAIT_S = 2.0
+STALL_CHECK_MAX_S = 60.0
+BLIND_RESUBSCRIBES = 3
+MAX_RESUBSCRIBE_QUEUE = 10_000  # receiver queue cap of a re-subscribed consumer
+
+
+class StallWatchdog:
+    """Decides when an idle consumer is stalled and replaces it (see module docstring)."""
+
+    def __init__(self, topic: str, resubscribe: Callable[[int], pulsar.Consumer], queue_size: int,
+                 before_resubscribe: Optional[Callable[[], None]] = None, event: str = "consumer_resubscribed") -> None:
+        self.topic = topic
+        self._event = event  # the log event of a re-subscription (operators grep for it)
+        self._resubscribe = resubscribe  # opens a consumer on the same subscription with this receiver queue
+        self._before = before_resubscribe  # e.g. hand back what another consumer of the subscription holds
+        self.queue_size = queue_size  # the current consumer's receiver queue
+        self.last_seen: Optional[Tuple[int, int]] = None  # (ledger, entry) of the furthest message received
+        self._interval = STALL_CHECK_S
+        self._next_check = time.monotonic() + BLIND_WAIT_S
+        self._blind = 0
+        self.resubscribed = 0
+
+    def seen(self, ledger: int, entry: int) -> None:
+        """A message at (ledger, entry) was received."""
+        pos = (ledger, entry)
+        if self.last_seen is None or pos > self.last_seen:
+            self.last_seen = pos
+
+    def flowing(self) -> None:
+        """Messages arrive: check at the first idle receive (a stalled topic's head is due now)."""
+        self._interval = STALL_CHECK_S
+        self._next_check = 0.0
+
+    def check(self, consumer: pulsar.Consumer) -> Optional[pulsar.Consumer]:
+        """While idle: a new consumer (the old one closed) if the topic holds messages beyond the
+        last one received, else None."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return None
+        self._interval = min(STALL_CHECK_MAX_S, self._interval * 2)
+        self._next_check = now + self._interval
+        try:
+            last = consumer.get_last_message_id()
+            end: Optional[Tuple[int, int]] = (last.ledger_id(), last.entry_id())
+        except pulsar.PulsarException:  # pulsar-lite answers an empty topic with an error
+            end = None
+        if end is None or end[0] < 0 or end[1] < 0:
+            return None  # nothing on the topic
+        if self.last_seen is not None:
+            if end <= self.last_seen:
+                return None  # drained: the last message is one we received
+        elif self._blind >= BLIND_RESUBSCRIBES:
+            return None  # nothing received since start: maybe all acked before; stop guessing
+        else:
+            self._blind += 1
+        if self._before is not None:
+            self._before()
+        # pulsar-lite takes a closed idle consumer's permits out of the total but leaves a dead
+        # one's deficit in it: only a larger queue outweighs the deficit, so each attempt doubles it.
+        self.queue_size = min(MAX_RESUBSCRIBE_QUEUE, 2 * self.queue_size)
+        new = self._resubscribe(self.queue_size)
+        self.resubscribed += 1
+        log.warning("event=%s topic=%s last_seen=%s topic_end=%s queue=%d "
+                    "reason='idle with messages beyond the last received (pulsar-lite permit stall)'",
+                    self._event, self.topic, self.last_seen, end, self.queue_size)
+        try:
+            consumer.close()
+        except pulsar.PulsarException as exc:  # the new consumer already reads the topic
+            log.warning("event=consumer_close_failed topic=%s error=%r", self.topic, exc)
+        return new
