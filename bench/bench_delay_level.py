@@ -29,7 +29,7 @@ from typing import Dict, List
 
 import pulsar
 
-from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at, forwarder
+from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
 from pulsar_lifecycle.delaylevel.config import parse_syncer_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
@@ -144,10 +144,10 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
-                partitions: int, batch: int) -> float:
+                partitions: int, batch: int, pipeline_depth: int = 0) -> float:
     # The same receiver queue (1000) and batch size as the pipe.
     cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
-                        receiverQueueSize=1000)
+                        receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
@@ -173,7 +173,7 @@ def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state:
     return n / dt
 
 
-def bench_forward(n: int, partitions: int, runs: int, batch: int) -> None:
+def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0) -> None:
     unit_s = 1
     strategy = DelayLevelTopicPartitionStrategy(unit_s * (partitions + 1), PartitionBy.SECONDS, unit_seconds=unit_s)
     # Delays that put n/partitions messages in each partition; all due a few seconds later.
@@ -192,7 +192,7 @@ def bench_forward(n: int, partitions: int, runs: int, batch: int) -> None:
                     rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
                 else:
                     rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
-                                                   partitions, batch))
+                                                   partitions, batch, pipeline_depth))
                 print(f"    run {run + 1} {kind}: {rates[kind][-1]:,.0f} msg/s")
         client.close()
     p, s = statistics.median(rates["pipe"]), statistics.median(rates["syncer"])
@@ -264,8 +264,8 @@ def main() -> None:
     b.add_argument("--partitions", type=int, default=10)
     b.add_argument("--runs", type=int, default=3)
     b.add_argument("--batch", type=int, default=500)
-    b.add_argument("--pipeline-depth", type=int, default=forwarder.PIPELINE_DEPTH,
-                   help="batches a forwarder keeps unconfirmed while sending the next (0: send, confirm, ack)")
+    b.add_argument("--pipeline-depth", type=int, default=0,
+                   help="the syncer's forwardPipelineDepth (0: send, confirm, ack)")
     c = sub.add_parser("rss")
     c.add_argument("--sizes", default="10000,1000000")
     c.add_argument("--settle-seconds", type=float, default=5.0)
@@ -277,9 +277,8 @@ def main() -> None:
     if args.cmd == "index":
         bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
     elif args.cmd == "forward":
-        forwarder.PIPELINE_DEPTH = args.pipeline_depth  # read by every forwarder's _forward
-        print(f"    forwarder pipeline depth {forwarder.PIPELINE_DEPTH}")
-        bench_forward(args.messages, args.partitions, args.runs, args.batch)
+        print(f"    forwardPipelineDepth {args.pipeline_depth}")
+        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth)
     elif args.cmd == "rss":
         bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds, args.receiver_queue)
     else:

@@ -45,6 +45,7 @@ RECOVERY_GRACE_MS = 6000
 # Diagnosis: the functions' log level (their logs are in the test's tmp_path) and the broker's.
 LOG_LEVEL = os.environ.get("DL_CRASH_LOG_LEVEL", "WARNING")
 BROKER_LOG_LEVEL = os.environ.get("DL_CRASH_BROKER_LOG_LEVEL", "warn")
+PIPELINE_DEPTH = os.environ.get("DL_CRASH_PIPELINE_DEPTH", "")  # the syncer's forwardPipelineDepth (default: shipped)
 PY_SPY = os.environ.get("DL_CRASH_PY_SPY", "")  # a py-spy binary: dump each process's threads before its kill
 
 
@@ -66,6 +67,8 @@ def configs(tmp_path: Path, unique: str) -> Tuple[Path, Path, Dict[str, str]]:
                            partitionBy="SECONDS", unitSeconds=UNIT_S, messageMaximumDelayTimeSeconds=UNITS * UNIT_S,
                            lookaheadMillis=LOOKAHEAD_MS, tickTopic=t["sticks"], tickTimeMillis=200,
                            tickMode="runner")  # as the writer: the local runner's ticks start it
+    if PIPELINE_DEPTH:
+        s["userConfig"]["forwardPipelineDepth"] = int(PIPELINE_DEPTH)
     wp, sp = tmp_path / "writer.yaml", tmp_path / "syncer.yaml"
     wp.write_text(yaml.safe_dump(w))
     sp.write_text(yaml.safe_dump(s))

@@ -135,11 +135,12 @@ def test_restart_forwards_every_message_exactly_once(env):
         producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=2000 + (i % 3) * 10)
     producer.flush()
     time.sleep(1.6)  # due now (2 s unit - 0.5 s lookahead)
+    # Pipelined (forwardPipelineDepth 2): batches sent but not yet acked at a stop come back too.
     for _ in range(3):  # stop mid-stream three times; the unacked rest is redelivered
-        service = env.start(forwardBatchSize=50)
+        service = env.start(forwardBatchSize=50, forwardPipelineDepth=2)
         time.sleep(0.15)
         service.stop()
-    service = env.start(forwardBatchSize=50)
+    service = env.start(forwardBatchSize=50, forwardPipelineDepth=2)
     got = drain(client, topics["sched"], "count", expect=n, timeout=15)
     got += drain(client, topics["sched"], "count", expect=1, timeout=1)  # no copies after the last
     service.stop()

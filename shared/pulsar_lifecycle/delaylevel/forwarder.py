@@ -47,11 +47,6 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
-# Batches sent but not yet confirmed while the next one is taken and sent (acks follow each
-# batch's confirmation): hides the broker's round trip without acking anything early. 0 (send,
-# confirm, ack) until benchmark (b) shows the gain on this machine (docs/benchmarks.md):
-# `bench/bench_delay_level.py forward --pipeline-depth N` compares.
-PIPELINE_DEPTH = 0
 
 
 @dataclass(frozen=True)
@@ -67,6 +62,9 @@ class ForwardPolicy:
     wait_for_room: Callable[[threading.Event], None]  # back-pressure: returns when the writer can take more
     clock: Callable[[], int]
     receiver_queue_size: int = 0  # the partition consumers' queue (0: unknown; only for the batch-size warning)
+    # Batches sent but not yet confirmed while the next one is taken and sent (each acked once
+    # confirmed): hides the broker's round trip without acking anything early (forwardPipelineDepth).
+    pipeline_depth: int = 0
 
 
 @dataclass
@@ -321,7 +319,7 @@ class PartitionForwarder:
             # The highest id, not the last: a message redelivered out of order can end a batch.
             last = max(m.sequence_id for m in msgs)
             self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes))
-            self._settle(PIPELINE_DEPTH)
+            self._settle(self.policy.pipeline_depth)
             return
         self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []

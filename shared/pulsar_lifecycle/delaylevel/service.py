@@ -190,7 +190,8 @@ class DelayLevelSyncerService:
             near_term_topic=cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else None,
             dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
-            wait_for_room=self.gate.wait_for_room, clock=self.clock, receiver_queue_size=cfg.receiver_queue_size)
+            wait_for_room=self.gate.wait_for_room, clock=self.clock, receiver_queue_size=cfg.receiver_queue_size,
+            pipeline_depth=cfg.forward_pipeline_depth)
         try:
             # Recover every partition's dedup map before the first forward; in parallel, since
             # each recovery probes the topic's end (about 0.5 s on an idle topic).
