@@ -8,7 +8,11 @@ from typing import Iterable, Mapping, Sequence
 from .bitmap import LedgerBitmaps
 from .codec import BucketRef, Manifest
 
-MANIFEST_FORMAT_VERSION = 1
+# 2: seen-set and tombstones hold packed index ids (bitmap.pack), snapshots packed_index_bit_map;
+# 1: index ids, snapshots index_id_bit_map. Recovery and verify read both; a format-1 reader
+# refuses format 2 (so a downgrade stops instead of misreading the sets).
+MANIFEST_FORMAT_VERSION = 2
+PACKED_SETS_SINCE = 2
 
 
 def bucket_ref(bucket_id: int, key: str, start_ledger: int, end_ledger: int, snapshot_length: int,
@@ -21,14 +25,15 @@ def bucket_ref(bucket_id: int, key: str, start_ledger: int, end_ledger: int, sna
 def manifest_bytes(refs: Sequence["BucketRef"], *, seen: LedgerBitmaps, tombstones: LedgerBitmaps,
                    journal_cut: int, max_bucket_id: int, pending_delete: Iterable[int]) -> bytes:
     """Serialized Manifest: buckets in index order, the seen-set and tombstones as per-ledger
-    portable RoaringBitmaps, the journal cut, the highest bucket id handed out, pending deletions."""
+    portable RoaringBitmaps of packed index ids, the journal cut, the highest bucket id handed out, pending deletions."""
     return manifest_from_maps(refs, seen=seen.to_proto_map(), tombstones=tombstones.to_proto_map(),
                               journal_cut=journal_cut, max_bucket_id=max_bucket_id, pending_delete=pending_delete)
 
 
 def manifest_from_maps(refs: Sequence["BucketRef"], *, seen: Mapping[int, bytes], tombstones: Mapping[int, bytes],
                        journal_cut: int, max_bucket_id: int, pending_delete: Iterable[int]) -> bytes:
-    """manifest_bytes with the bitmaps already serialized (ledger -> portable bytes)."""
+    """manifest_bytes with the bitmaps already serialized (ledger -> portable bytes of packed
+    index ids: LedgerBitmaps.to_proto_map)."""
     man = Manifest(
         format_version=MANIFEST_FORMAT_VERSION,
         buckets=list(refs),
@@ -41,3 +46,8 @@ def manifest_from_maps(refs: Sequence["BucketRef"], *, seen: Mapping[int, bytes]
     for ledger, data in tombstones.items():
         man.tombstones[ledger] = data
     return man.SerializeToString(deterministic=True)
+
+
+def sets_are_packed(manifest: "Manifest") -> bool:
+    """True when the manifest's seen-set and tombstones hold packed index ids (format 2 on)."""
+    return manifest.format_version >= PACKED_SETS_SINCE

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Set, Tuple
 
 from pyroaring import BitMap
 
-from .bitmap import LedgerBitmaps, deserialize_bitmap
+from .bitmap import LedgerBitmaps
 from .codec import (
     Item,
     JournalRecord,
@@ -28,8 +28,9 @@ from .codec import (
     upgrade_index,
 )
 from .immutable_bucket import ImmutableBucket
-from .manifest import MANIFEST_FORMAT_VERSION
+from .manifest import MANIFEST_FORMAT_VERSION, sets_are_packed
 from .records import ReleaseKey
+from .segments import packed_id_bitmaps
 from .storage import BucketSnapshotStorage, StorageError
 
 
@@ -101,11 +102,12 @@ def read_manifest(storage: BucketSnapshotStorage, counters: RecoveryCounters) ->
     if man.format_version > MANIFEST_FORMAT_VERSION:
         raise StorageError(f"bucket manifest format {man.format_version} is newer than supported "
                            f"({MANIFEST_FORMAT_VERSION})")
+    packed = sets_are_packed(man)
     return ManifestState(
         refs=list(man.buckets),
         pending_delete={bid: "" for bid in man.pending_delete},
-        seen=LedgerBitmaps.from_proto_map(man.seen, "manifest seen-set"),
-        tombstones=LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones"),
+        seen=LedgerBitmaps.from_proto_map(man.seen, "manifest seen-set", packed=packed),
+        tombstones=LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones", packed=packed),
         journal_cut=man.journal_cut,
         max_bucket_id=man.max_bucket_id,
     )
@@ -123,15 +125,11 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     bitmaps: List[Dict[int, BitMap]] = []
     counts = array("Q")
     for i, sm in enumerate(meta.metadata_list):
-        per_ledger = {}
-        # Layout 2 keeps one bit per message in the extension map (the Pulsar map holds entry
-        # ids); in layout 1 the Pulsar map itself held index ids.
-        id_map = sm.index_id_bit_map if len(sm.index_id_bit_map) else sm.delayed_index_bit_map
-        for ledger, data in id_map.items():
-            try:
-                per_ledger[ledger] = deserialize_bitmap(data)
-            except ValueError as exc:
-                raise StorageError(f"bucket {bid} segment {i + 1} bitmap of ledger {ledger}: {exc}") from exc
+        # One bit per message, as packed ids (layout 3 stores them so; older layouts converted).
+        try:
+            per_ledger = packed_id_bitmaps(sm)
+        except ValueError as exc:
+            raise StorageError(f"bucket {bid} segment {i + 1} {exc}") from exc
         bitmaps.append(per_ledger)
         counts.append(sum(len(b) for b in per_ledger.values()))
     bucket = ImmutableBucket(
@@ -199,7 +197,7 @@ def _recover_lazily(bucket: ImmutableBucket, first: int, bitmaps: List[Dict[int,
 
 def _pending_from_bitmaps(bucket: ImmutableBucket, first: int, bitmaps: List[Dict[int, BitMap]], counts: array,
                           pending: LedgerBitmaps) -> None:
-    """Segments `first`.. of `bucket` are unreleased: their index-id bitmaps join the pending
+    """Segments `first`.. of `bucket` are unreleased: their (packed) id bitmaps join the pending
     set and their counts the bucket's remaining items."""
     later: Dict[int, list] = {}
     for k in range(first, bucket.nseg):
@@ -207,7 +205,7 @@ def _pending_from_bitmaps(bucket: ImmutableBucket, first: int, bitmaps: List[Dic
             later.setdefault(ledger, []).append(bm)
         bucket.remaining += counts[k]
     for ledger, bms in later.items():  # one multi-way union per ledger beats repeated |=
-        pending.update_ledger(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
+        pending.update_ledger_packed(ledger, BitMap.union(*bms) if len(bms) > 1 else bms[0])
 
 
 def replay_journal(records: List[Tuple[int, bytes]], journal_cut: int, watermark: Optional[ReleaseKey],

@@ -5,8 +5,8 @@ segment sets `upper = ts + timeStepMs - 1`; after appending an index the segment
 there is no next index, or the next index's timestamp > upper, or (maxIndexes != -1 and the
 segment holds >= maxIndexes). Each closed segment gets min/max schedule timestamps and one
 run-optimized RoaringBitmap of entry ids per ledger — real entry ids, what Pulsar's
-containsMessage(ledgerId, entryId) looks up — plus our extension map of index ids per ledger
-(`index_id_bit_map`, one bit per message; see codec.py for the layouts).
+containsMessage(ledgerId, entryId) looks up — plus our extension map of packed index ids per
+ledger (`packed_index_bit_map`, one bit per message; see codec.py for the layouts).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from pyroaring import BitMap
 
-from .bitmap import entry_bitmap, serialize_bitmap
+from .bitmap import deserialize_bitmap, entry_bitmap, pack_bitmap, serialize_bitmap
 from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata
 from .records import ReleaseKey
 
@@ -126,16 +126,37 @@ def cut_bounds(ts: Sequence[int], time_step_ms: int, max_indexes: int) -> List[T
 
 
 def make_segment(data: bytes, count: int, first_key: ReleaseKey, last_key: ReleaseKey,
-                 index_ids: Mapping[int, BitMap], entry_ids: Optional[Mapping[int, BitMap]] = None) -> CutSegment:
+                 index_ids: Mapping[int, BitMap], entry_ids: Optional[Mapping[int, BitMap]] = None,
+                 packed_ids: Optional[Mapping[int, BitMap]] = None) -> CutSegment:
     """A closed segment: its joined framed items and its metadata (min/max schedule timestamps,
-    per ledger the bitmap of real entry ids and our bitmap of index ids). `entry_ids` may be
-    given when the caller has them already (entry_bitmap of each index-id bitmap otherwise)."""
+    per ledger the bitmap of real entry ids and our bitmap of packed index ids). `entry_ids` and
+    `packed_ids` may be given when the caller has them already (derived from each index-id
+    bitmap otherwise: entry_bitmap, pack_bitmap)."""
     meta = SnapshotSegmentMetadata(max_schedule_timestamp=last_key[0], min_schedule_timestamp=first_key[0])
     for ledger, ids in index_ids.items():
         entries = entry_ids[ledger] if entry_ids is not None else entry_bitmap(ids)
+        packed = packed_ids[ledger] if packed_ids is not None else pack_bitmap(ids)
         meta.delayed_index_bit_map[ledger] = serialize_bitmap(entries)
-        meta.index_id_bit_map[ledger] = serialize_bitmap(ids)
+        meta.packed_index_bit_map[ledger] = serialize_bitmap(packed)
     return CutSegment(data=data, metadata=meta, count=count, first_key=first_key, last_key=last_key)
+
+
+def packed_id_bitmaps(sm: "SnapshotSegmentMetadata") -> Dict[int, BitMap]:
+    """ledger -> packed index ids of one segment's metadata, whatever its layout: 3
+    packed_index_bit_map, 2 index_id_bit_map (index ids), 1 delayed_index_bit_map holding index
+    ids. ValueError naming the ledger on bytes that are no bitmap."""
+    if len(sm.packed_index_bit_map):
+        source, packed = sm.packed_index_bit_map, True
+    else:
+        source, packed = (sm.index_id_bit_map if len(sm.index_id_bit_map) else sm.delayed_index_bit_map), False
+    out = {}
+    for ledger, data in source.items():
+        try:
+            bm = deserialize_bitmap(data)
+        except ValueError as exc:
+            raise ValueError(f"bitmap of ledger {ledger}: {exc}") from exc
+        out[ledger] = bm if packed else pack_bitmap(bm)
+    return out
 
 
 def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> List[CutSegment]:

@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pyroaring import BitMap
 
-from ..bucket.bitmap import LedgerBitmaps, deserialize_bitmap, entry_bitmap
+from ..bucket.bitmap import LedgerBitmaps, deserialize_bitmap, entry_bitmap, pack_bitmap
 from ..bucket.codec import CorruptRecordError, SnapshotMetadata, parse, parse_segment, segment_items
 from ..bucket.config import BucketConfig
 from ..bucket.keys import bucket_key
@@ -133,14 +133,15 @@ def check_bucket(storage: BucketSnapshotStorage, ref: Any, config: BucketConfig,
 
 
 def _check_bitmaps(out: BucketCheck, k: int, sm: Any, expected: Dict[int, List[int]]) -> None:
-    """Layout 2: delayed_index_bit_map = the real entry ids (entry_bitmap of the index ids), the
-    extension index_id_bit_map = the index ids; layout 1 (no extension map): index ids."""
-    layout2 = len(sm.index_id_bit_map) > 0
+    """Layouts 2 and 3: delayed_index_bit_map = the real entry ids (entry_bitmap of the index
+    ids), and the extension map = the index ids (layout 2: index_id_bit_map) or the packed
+    index ids (layout 3: packed_index_bit_map); layout 1 (no extension map): index ids."""
     want_ids = {ledger: BitMap(ids) for ledger, ids in expected.items()}
+    extension = [("packed_index_bit_map", sm.packed_index_bit_map, {l: pack_bitmap(b) for l, b in want_ids.items()}),
+                 ("index_id_bit_map", sm.index_id_bit_map, want_ids)]
+    extension = [e for e in extension if len(e[1])]
     maps = [("delayed_index_bit_map", sm.delayed_index_bit_map,
-             {l: entry_bitmap(b) for l, b in want_ids.items()} if layout2 else want_ids)]
-    if layout2:
-        maps.append(("index_id_bit_map", sm.index_id_bit_map, want_ids))
+             {l: entry_bitmap(b) for l, b in want_ids.items()} if extension else want_ids)] + extension
     for name, stored, want_map in maps:
         for ledger in sorted(set(stored) | set(want_map)):
             if ledger not in stored:

@@ -13,17 +13,17 @@ import gc
 import logging
 from array import array
 from dataclasses import dataclass, field
-from typing import Any, Iterable, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
 
-from ..bucket.bitmap import LedgerBitmaps
+from ..bucket.bitmap import PACK_SHIFT, LedgerBitmaps
 from ..bucket.codec import Item, encode_segment, make_item, release_ts
 from ..bucket.config import BucketConfig
 from ..bucket.keys import bucket_key
-from ..bucket.records import BATCH_BITS, DelayedMessage
+from ..bucket.records import BATCH_BITS, MAX_BATCH_INDEX, DelayedMessage
 from ..bucket.segments import CutSegment, cut_bounds, make_segment, snapshot_metadata_bytes
 from ..bucket.storage import BucketSnapshotStorage, write_whole
 from ..scheduler.intake import Cancel, Invalid
@@ -168,21 +168,30 @@ def _by_ledger(ledgers: Any, ids: Any) -> Iterable[Tuple[int, Any]]:
         yield ledger, si[a:b]
 
 
+def _packed(ids: Any) -> Any:
+    """bitmap.pack over an array of index ids."""
+    return (ids >> np.uint64(BATCH_BITS)) | ((ids & np.uint64(MAX_BATCH_INDEX)) << np.uint64(PACK_SHIFT))
+
+
 def _add_seen(seen: LedgerBitmaps, ledgers: Any, ids: Any) -> None:
     for ledger, lids in _by_ledger(ledgers, ids):
-        seen.update_ledger(ledger, _bitmap(lids))
+        seen.update_ledger_packed(ledger, _bitmap(_packed(lids)))
 
 
 def _segment(messages: List[DelayedMessage], ts: List[int], ledgers: Any, ids: Any, s: int, e: int) -> CutSegment:
     """Segment [s, e) of the sorted items: encoded in one call (encode_segment), closed by the
     engine's make_segment."""
-    index_ids, entry_ids = {}, {}
+    index_ids: Dict[int, Any] = {}
+    entry_ids: Dict[int, BitMap] = {}
+    packed_ids: Dict[int, BitMap] = {}
     for ledger, lids in _by_ledger(ledgers[s:e], ids[s:e]):
-        index_ids[ledger] = _bitmap(lids)
+        index_ids[ledger] = None  # make_segment takes the ledgers from here, the bitmaps from below
         entry_ids[ledger] = _bitmap(lids >> np.uint64(BATCH_BITS))  # = entry_bitmap(index ids), columnar
+        packed_ids[ledger] = _bitmap(_packed(lids))  # = pack_bitmap(index ids), columnar
     first = (ts[s], int(ledgers[s]), int(ids[s]))
     last = (ts[e - 1], int(ledgers[e - 1]), int(ids[e - 1]))
-    return make_segment(encode_segment(messages[s:e], ts[s:e]), e - s, first, last, index_ids, entry_ids)
+    return make_segment(encode_segment(messages[s:e], ts[s:e]), e - s, first, last, index_ids, entry_ids,
+                        packed_ids)
 
 
 def write_bucket(storage: BucketSnapshotStorage, bucket_id: int, build: BucketBuild, config: BucketConfig) -> int:

@@ -31,6 +31,7 @@ from ..bucket.codec import (
     parse_segment,
 )
 from ..bucket.config import BucketConfig
+from ..bucket.manifest import sets_are_packed
 from ..bucket.records import DelayedMessage
 from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
 from ..scheduler.intake import Cancel
@@ -129,7 +130,8 @@ def check_partition(url: str, config: BucketConfig, batches: Iterator[Any]) -> I
             out = []
             for bid, ref_raw, seen_raw in zip(pdf["bucket_id"], pdf["ref"], pdf["seen"]):
                 ref = BucketRef.FromString(bytes(ref_raw))
-                seen = LedgerBitmaps.from_proto_map(Manifest.FromString(bytes(seen_raw)).seen, "seen-set")
+                part = Manifest.FromString(bytes(seen_raw))
+                seen = LedgerBitmaps.from_proto_map(part.seen, "seen-set", packed=sets_are_packed(part))
                 out.append({"bucket_id": int(bid), "result": json.dumps(check_bucket(storage, ref, config, seen).to_dict())})
             yield pd.DataFrame(out, columns=["bucket_id", "result"])
     finally:
@@ -188,8 +190,9 @@ def _seen_slices(man: Any) -> Tuple[List[int], Dict[int, bytes]]:
     return ledgers, dict(man.seen)
 
 
-def _seen_for(ledgers: List[int], seen: Dict[int, bytes], start: int, end: int) -> bytes:
-    part = Manifest()
+def _seen_for(ledgers: List[int], seen: Dict[int, bytes], start: int, end: int, format_version: int) -> bytes:
+    """The seen-set of ledgers [start, end] as a Manifest with the store's format (its layout)."""
+    part = Manifest(format_version=format_version)
     for ledger in ledgers[bisect.bisect_left(ledgers, start):bisect.bisect_right(ledgers, end)]:
         part.seen[ledger] = seen[ledger]
     return part.SerializeToString()
@@ -251,7 +254,8 @@ def run_verify(spark: Any, url: str, config: BucketConfig, *, against: Optional[
         refs = list(man.buckets)
         _global_checks(report, man, refs, storage, allow_overlap)
         ledgers, seen = _seen_slices(man)
-        rows = [(r.bucket_id, r.SerializeToString(), _seen_for(ledgers, seen, r.start_ledger_id, r.end_ledger_id))
+        rows = [(r.bucket_id, r.SerializeToString(), _seen_for(ledgers, seen, r.start_ledger_id, r.end_ledger_id,
+                                                                 man.format_version))
                 for r in refs]
         report.buckets = len(refs)
         if refs:
@@ -327,7 +331,8 @@ def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, op
     if opts is None:
         raise SparkJobError("verify --against needs the writer's intake settings")
     journal_items, journal_cancels, _ = _journal(storage, url, report)
-    tomb = LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones").union(journal_cancels)
+    tomb = LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones",
+                                      packed=sets_are_packed(man)).union(journal_cancels)
     keys = ["ledger_id", "entry_id"]
     # One full outer join of what the store indexes (count per position) and what the export
     # says (item / cancel per position), then one aggregation for every count.

@@ -3,7 +3,10 @@
 Layout 1 wrote `entry << 10 | batchIndex` into DelayedIndex.entry_id and the segment bitmaps;
 layout 2 writes real entry ids there (Pulsar's containsMessage(ledgerId, entryId) is right on
 them) and keeps the batch index in extension field 107, one bit per message in extension map 100.
-tests/fixtures/bucket_store_layout1 was written by the layout-1 code (see the generator there).
+tests/fixtures/bucket_store_layout1 was written by the layout-1 code (see the generator there),
+tests/fixtures/bucket_store_layout2 by the same generator with the layout-2 code (manifest
+format 1: index ids in the seen-set and in extension map 100); layout 3 (now) writes packed ids
+(extension map 101, manifest format 2).
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
 from pyroaring import BitMap
 
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DelayedMessage, DirectorySnapshotStorage
@@ -20,13 +24,16 @@ from pulsar_lifecycle.bucket.codec import SnapshotMetadata, parse_segment
 from pulsar_lifecycle.bucket.records import index_id, split_index_id
 from support.paths import TESTS
 
-FIXTURE = TESTS / "fixtures" / "bucket_store_layout1"
+FIXTURES = TESTS / "fixtures"
+FIXTURE = FIXTURES / "bucket_store_layout1"
+OLD_STORES = [pytest.param(FIXTURES / "bucket_store_layout1", id="layout1"),
+              pytest.param(FIXTURES / "bucket_store_layout2", id="layout2")]
 T0 = 1_700_000_000_000
 
 
-def _copy_fixture(tmp_path: Path) -> Path:
+def _copy_fixture(tmp_path: Path, fixture: Path = FIXTURE) -> Path:
     dst = tmp_path / "store"
-    shutil.copytree(FIXTURE / "store", dst)
+    shutil.copytree(fixture / "store", dst)
     return dst
 
 
@@ -46,12 +53,17 @@ def _snapshot_indexes(store: DirectorySnapshotStorage) -> Dict[int, tuple]:
     return out
 
 
-def test_layout1_store_recovers_every_pending_message(tmp_path: Path):
-    expected = json.loads((FIXTURE / "expected.json").read_text())
-    root = _copy_fixture(tmp_path)
+@pytest.mark.parametrize("fixture", OLD_STORES)
+def test_old_layout_store_recovers_every_pending_message(tmp_path: Path, fixture: Path):
+    expected = json.loads((fixture / "expected.json").read_text())
+    root = _copy_fixture(tmp_path, fixture)
     store = DirectorySnapshotStorage(root)
-    assert any(not idx.HasField("batch_index") for _, segs in _snapshot_indexes(store).values()
-               for s in segs for idx in s.indexes), "fixture must hold layout-1 indexes"
+    if fixture.name.endswith("1"):
+        assert any(not idx.HasField("batch_index") for _, segs in _snapshot_indexes(store).values()
+                   for s in segs for idx in s.indexes), "fixture must hold layout-1 indexes"
+    else:
+        assert all(len(m.index_id_bit_map) and not len(m.packed_index_bit_map)
+                   for meta, _ in _snapshot_indexes(store).values() for m in meta.metadata_list)
     ix = BucketIndex(store, BucketConfig(), clock=lambda: T0)
     report = ix.recover()
     assert {"pending": report.pending, "committed_seq": report.committed_seq} == expected[0]
@@ -61,18 +73,19 @@ def test_layout1_store_recovers_every_pending_message(tmp_path: Path):
     store.close()
 
 
-def test_layout1_store_is_migrated_by_seal_and_merge_without_loss(tmp_path: Path):
-    expected = json.loads((FIXTURE / "expected.json").read_text())
-    root = _copy_fixture(tmp_path)
+@pytest.mark.parametrize("fixture", OLD_STORES)
+def test_old_layout_store_is_migrated_by_seal_and_merge_without_loss(tmp_path: Path, fixture: Path):
+    expected = json.loads((fixture / "expected.json").read_text())
+    root = _copy_fixture(tmp_path, fixture)
     store = DirectorySnapshotStorage(root)
     ix = BucketIndex(store, BucketConfig(delayed_delivery_max_num_buckets=1), clock=lambda: T0)
     ix.recover()
-    assert ix.seal()  # the journal (written in layout 1) becomes a layout-2 snapshot; merges follow
+    assert ix.seal()  # the journal (written in the old layout) becomes a layout-3 snapshot; merges follow
     snaps = _snapshot_indexes(store)
     assert len(ix.bucket_ids()) == 1
     for bid in ix.bucket_ids():
         meta, segs = snaps[bid]
-        assert all(len(m.index_id_bit_map) for m in meta.metadata_list)
+        assert all(len(m.packed_index_bit_map) for m in meta.metadata_list)
         assert all(idx.HasField("batch_index") for s in segs for idx in s.indexes)
     store.close()
     store = DirectorySnapshotStorage(root)

@@ -114,6 +114,22 @@ def test_ledger_bitmaps_set_operations():
         LedgerBitmaps.from_proto_map({9: b"junk"})
 
 
+def test_ledger_bitmaps_hold_packed_ids_and_speak_index_ids():
+    ids = [index_id(e, -1) for e in range(0, 20_000)] + [index_id(e, b) for e in (3, 70_000) for b in (0, 1, 1023)]
+    s = LedgerBitmaps()
+    s.add_many(5, ids)
+    assert len(s) == len(set(ids)) and all(s.contains(5, i) for i in ids)
+    assert not s.contains(5, index_id(4, 1)) and not s.contains(5, index_id(20_000, 0) + 1)
+    assert [e for _, e in s.items()] == sorted(set(ids))  # index-id order, whatever the packing
+    # the manifest's format-1 maps (index ids) and format-2 maps (packed) give the same set
+    old = {5: serialize_bitmap(BitMap(ids))}
+    assert list(LedgerBitmaps.from_proto_map(old, packed=False).items()) == list(s.items())
+    assert list(LedgerBitmaps.from_proto_map(s.to_proto_map()).items()) == list(s.items())
+    # dense in memory: 20,000 unbatched ids as index ids (1,024 apart) would take ~40 KB
+    assert s.size_in_bytes() < 10_000
+    assert s.discard(5, index_id(70_000, 1023)) and not s.contains(5, index_id(70_000, 1023))
+
+
 # -- protos --------------------------------------------------------------------------------------
 
 def test_protos_round_trip():
@@ -226,11 +242,13 @@ def test_segment_metadata_has_per_ledger_bitmaps_of_its_own_indexes():
     meta = snapshot_metadata(segs)
     first = meta.metadata_list[0]
     assert (first.min_schedule_timestamp, first.max_schedule_timestamp) == (10, 12)
-    # Pulsar's map: real entry ids; our extension: one bit per message (index ids)
+    # Pulsar's map: real entry ids; our extension: one bit per message (packed index ids:
+    # entry | batch index << 22, so unbatched ids are the entry ids)
     assert deserialize_bitmap(first.delayed_index_bit_map[1]) == BitMap([5, 6])
     assert deserialize_bitmap(first.delayed_index_bit_map[2]) == BitMap([7])
-    assert deserialize_bitmap(first.index_id_bit_map[1]) == BitMap([index_id(5, 0), index_id(5, 2), index_id(6, 0)])
-    assert deserialize_bitmap(first.index_id_bit_map[2]) == BitMap([index_id(7, 1)])
+    assert deserialize_bitmap(first.packed_index_bit_map[1]) == BitMap([5, 5 | 2 << 22, 6])
+    assert deserialize_bitmap(first.packed_index_bit_map[2]) == BitMap([7 | 1 << 22])
+    assert not len(first.index_id_bit_map)  # layout 2's map is no longer written
     assert dict(meta.metadata_list[1].delayed_index_bit_map).keys() == {1}
     seg = SnapshotSegment.FromString(segs[0].data)
     assert [(i.timestamp, i.ledger_id, i.entry_id, i.batch_index) for i in seg.indexes] == [

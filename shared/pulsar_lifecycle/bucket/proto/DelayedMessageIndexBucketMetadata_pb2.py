@@ -6,20 +6,23 @@ from ._loader import load_file
 
 _SERIALIZED = (
     b"\n'DelayedMessageIndexBucketMetadata.proto\x12\x0cpulsa"
-    b'r.delay"\xe3\x03\n\x17SnapshotSegmentMetadata\x12p\n\x15delayed_i'
+    b'r.delay"\x98\x05\n\x17SnapshotSegmentMetadata\x12p\n\x15delayed_i'
     b'ndex_bit_map\x18\x01 \x03(\x0b2=.pulsar.delay.SnapshotSegmen'
     b'tMetadata.DelayedIndexBitMapEntryR\x12delayedIndexB'
     b'itMap\x124\n\x16max_schedule_timestamp\x18\x02 \x02(\x04R\x14maxSchedu'
     b'leTimestamp\x124\n\x16min_schedule_timestamp\x18\x03 \x02(\x04R\x14min'
     b'ScheduleTimestamp\x12a\n\x10index_id_bit_map\x18d \x03(\x0b28.pu'
     b'lsar.delay.SnapshotSegmentMetadata.IndexIdBitMap'
-    b'EntryR\rindexIdBitMap\x1aE\n\x17DelayedIndexBitMapEntry\x12'
-    b'\x10\n\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x028\x01\x1a@\n\x12I'
-    b'ndexIdBitMapEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n\x05value\x18\x02 \x01'
-    b'(\x0cR\x05value:\x028\x01"^\n\x10SnapshotMetadata\x12J\n\rmetadata_li'
-    b'st\x18\x01 \x03(\x0b2%.pulsar.delay.SnapshotSegmentMetadataR'
-    b'\x0cmetadataListB,\n&org.apache.pulsar.broker.delaye'
-    b'd.protoH\x01P\x01'
+    b'EntryR\rindexIdBitMap\x12m\n\x14packed_index_bit_map\x18e \x03'
+    b'(\x0b2<.pulsar.delay.SnapshotSegmentMetadata.Packed'
+    b'IndexBitMapEntryR\x11packedIndexBitMap\x1aE\n\x17DelayedIn'
+    b'dexBitMapEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n\x05value\x18\x02 \x01(\x0cR'
+    b'\x05value:\x028\x01\x1a@\n\x12IndexIdBitMapEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03k'
+    b'ey\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x028\x01\x1aD\n\x16PackedIndexBitMa'
+    b'pEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x02'
+    b'8\x01"^\n\x10SnapshotMetadata\x12J\n\rmetadata_list\x18\x01 \x03(\x0b2%.'
+    b'pulsar.delay.SnapshotSegmentMetadataR\x0cmetadataLi'
+    b'stB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01'
 )
 
 _names = load_file(_SERIALIZED, __name__)
