@@ -48,6 +48,11 @@ def test_outputs_carry_the_inputs_sequence_ids(broker, tmp_path: Path, unique: s
         out = drain(client, out_topic, "check", expect=50, timeout=20,
                     stop=lambda got: {m.data() for m in got} >= want)
         out += drain(client, out_topic, "check", expect=50, timeout=2)
+        # The second drain subscribes again: an ack of the first that pulsar-lite had not yet
+        # applied makes it hand the same stored message out again (seen: 20 copies of 5 outputs).
+        # Those are one output each; what is counted below is what the topic stores.
+        out = list({(m.message_id().ledger_id(), m.message_id().entry_id(), m.message_id().batch_index()): m
+                    for m in out}.values())
         inputs = {m.properties()["__pfn_input_msg_id__"]: m for m in out}
         positions = []
         for encoded in inputs:
