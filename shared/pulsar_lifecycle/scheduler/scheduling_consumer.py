@@ -34,6 +34,11 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH_BYTES = 16 * 1024 * 1024  # a bound for batch_receive besides the message count
 IDLE_WAIT_MS = 200  # longest blocking receive while the topic is idle (stop is checked in between)
+# Receiver queue: at least two default producer batch entries (1,000 messages each). The runtime's
+# paused consumer of the scheduling topic (runtime_input.py) may hold one entry beyond its queue of
+# 1, and pulsar-lite counts that deficit against the whole subscription: with a queue of 1,000 the
+# direct consumer then got one entry at a time and stalled until the watchdog re-subscribed it.
+MIN_RECEIVER_QUEUE = 2000
 
 
 @dataclass(frozen=True)
@@ -57,7 +62,7 @@ class SchedulingConsumer:
         of the topic hands back what it holds); `watchdog` False turns the watchdog off."""
         self.sub = sub
         self._client = client
-        queue = max(1000, 2 * sub.batch_size)
+        queue = max(MIN_RECEIVER_QUEUE, 2 * sub.batch_size)
         self._consumer = self._subscribe(queue)
         self.watchdog: Optional[StallWatchdog] = (
             StallWatchdog(sub.topic, self._subscribe, queue, before_resubscribe) if watchdog else None)
