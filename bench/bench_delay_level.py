@@ -264,7 +264,7 @@ def main() -> None:
     b.add_argument("--partitions", type=int, default=10)
     b.add_argument("--runs", type=int, default=3)
     b.add_argument("--batch", type=int, default=500)
-    b.add_argument("--pipeline-depth", type=int, default=0,
+    b.add_argument("--pipeline-depth", type=int, default=1,
                    help="the syncer's forwardPipelineDepth (0: send, confirm, ack)")
     c = sub.add_parser("rss")
     c.add_argument("--sizes", default="10000,1000000")

@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -217,13 +216,9 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
                          f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
     assert not twice, f"{len(twice)} released more than once, e.g. {list(twice.items())[:5]}"
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
-    # The bound is NOT met reliably on pulsar-lite (issue 11 stays open): the late messages leave
-    # the syncer late because pulsar-lite keeps a SIGKILLed syncer's consumers (and their messages)
-    # after a connection reset and drops a restarted syncer's connection on protocol errors
-    # (docs/delay-levels.md, "Lateness after a crash", session 5). Reported with the side (a
-    # warning), not asserted; exactly-once and never-early are asserted above.
-    if too_late:
-        print(explain(too_late, forwarded))
-        warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs in {tmp_path}", stacklevel=2)
+    # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick). It
+    # was missed in 3 of 6 runs until the syncer subscribed in a rotated order and restarted stalled
+    # dedup replay readers after a restart (pulsar-lite; "Lateness after a crash"), met in 6 of 6 since.
+    assert not too_late, (f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
+                          f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}")
     assert len(outside) > N // 3  # the bound was checked on a real share of the messages
