@@ -232,6 +232,34 @@ def executor_cpu(work: Path, rows: int) -> None:
           f"{', '.join(f'{r:.2f}' for r in runs)} us (median {sorted(runs)[1]:.2f} us)")
 
 
+def spark_plan_only(spark: Any, export: Path, config: BucketConfig) -> Dict[str, Any]:
+    """Spark's side of the seed alone: the same read, broadcast join of ledger -> bucket and
+    groupBy(bucket).applyInArrow, with a function that only counts its rows (no classify,
+    encode or writes); wall seconds and CPU of all Spark processes."""
+    from pyspark.sql import functions as F
+
+    from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
+    from pulsar_lifecycle.spark.seed import ROW_COLUMNS, read_backlog
+
+    df = read_backlog(spark, [str(export)])
+    counts = sorted((int(r["ledger_id"]), int(r["n"]))
+                    for r in df.groupBy("ledger_id").agg(F.count("*").alias("n")).collect())
+    plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket,
+                               config.delayed_delivery_max_num_buckets)
+    ledger_bucket = [(ledger, next(i for i, (_, end, _) in enumerate(plan) if ledger <= end)) for ledger, _ in counts]
+    ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
+    spark.conf.set("spark.sql.shuffle.partitions", str(min(len(plan), 4 * spark.sparkContext.defaultParallelism)))
+
+    def count_rows(table: Any) -> Any:
+        return pa.table({"n": pa.array([table.num_rows], pa.int64())})
+
+    cpu0, t0 = tree_cpu_s(os.getpid()), time.monotonic()
+    out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id").groupBy("bucket_no")
+           .applyInArrow(count_rows, "n long").collect())
+    return {"seconds": round(time.monotonic() - t0, 1), "rows": sum(r["n"] for r in out),
+            "cpu_s": round(tree_cpu_s(os.getpid()) - cpu0, 1)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=10_000_000)
@@ -249,6 +277,8 @@ def main() -> None:
     ap.add_argument("--executor-rows", type=int, default=0,
                     help="Only time the executor side (seeding.build_bucket) on one bucket of this many rows, "
                          "in this process, in CPU time (3 runs).")
+    ap.add_argument("--spark-only", action="store_true",
+                    help="Only time Spark's side of the seed plan (read, join, groupBy + applyInArrow counting rows).")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
@@ -270,6 +300,13 @@ def main() -> None:
 
     spark = get_spark("local[2]", "bench-seed", **{"spark.driver.memory": "4g"})
     spark.range(10).count()  # session warm, not counted
+    if args.spark_only:
+        res = spark_plan_only(spark, work / "export", config)
+        print(f"Spark's plan alone: {res['rows']:,} rows in {res['seconds']} s = {res['rows'] / res['seconds']:,.0f} "
+              f"rows/s; CPU of all Spark processes {res['cpu_s']} s", flush=True)
+        spark.stop()
+        shutil.rmtree(work, ignore_errors=True)
+        return
     cpu0 = tree_cpu_s(os.getpid())
     with JobProgress(spark, "seed") as progress:
         seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
