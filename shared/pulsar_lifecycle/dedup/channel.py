@@ -214,6 +214,8 @@ class TopicChannel:
                         if not self.seqmap.should_publish(name, seq):
                             self.duplicates += 1
                             outcomes.append(Outcome.DUPLICATE)
+                            log.debug("event=dedup_duplicate_dropped topic=%s producer=%s seq=%d highest_persisted=%d",
+                                      self.topic, name, seq, self.seqmap.highest_persisted(name))
                             continue
                         self.seqmap.mark_pushed(name, seq)
                         pending = PendingSend(seq, None, tracked=len(m.payload) > TRACK_EACH_ABOVE_BYTES)
