@@ -146,7 +146,13 @@ def test_parallel_instances_share_the_subscription(broker, tmp_path, unique):
         prod = client.create_producer(f"persistent://public/default/in-{unique}")
         publish_all(prod, [f"p{i}".encode() for i in range(200)])
         out = drain(client, f"persistent://public/default/out-{unique}", "check", expect=200)
-        per_instance = [runner.metrics.processed.labels(runner.spec.fqfn, str(i))._value.get() for i in (0, 1)]
+
+        def processed() -> list:
+            return [runner.metrics.processed.labels(runner.spec.fqfn, str(i))._value.get() for i in (0, 1)]
+        # An instance counts a message once process() has returned and its output was handed on,
+        # which can be just after the output reached the drain (a CI run read 198 of 200).
+        wait_for(lambda: sum(processed()) >= 200, timeout=10)
+        per_instance = processed()
     finally:
         runner.stop()
         client.close()
