@@ -352,3 +352,25 @@ def test_parallelism_1_to_2_moves_partitions_and_every_message_is_forwarded_once
     finally:
         for s in pair:
             s.stop()
+
+
+def test_earlier_message_redelivered_after_later_ones_were_forwarded_is_forwarded_not_dropped(env):
+    """Another consumer of the syncer's subscription (a killed predecessor the broker has not yet
+    dropped) holds a partition's first messages; the forwarder receives and forwards the later
+    ones first. When the held ones come back they are below the publisher's high-water mark but
+    were never forwarded: they must be forwarded, not dropped as duplicates and acked (issue 11)."""
+    topics, client, producer = env.topics, env.client, env.producer
+    sent = [producer.send(f"m{i}".encode(), delay_ms=2100) for i in range(8)]
+    assert {s.partition for s in sent} == {0}
+    other = client.subscribe(sent[0].topic, "syncer", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1)
+    held = other.receive(timeout_millis=5000)
+    assert held.data() == b"m0"
+    service = env.start(lookaheadMillis=30_000, partitionDiscoverySeconds=0)  # due as soon as read
+    got = drain(client, topics["sched"], "check", expect=7, timeout=10)
+    assert b"m0" not in {m.data() for m in got}  # the later ones went first
+    other.close()  # its messages go back to the forwarder, out of position order
+    got += drain(client, topics["sched"], "check", expect=8 - len(got), timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1)  # a copy would show here
+    assert sorted(m.data() for m in got) == sorted(f"m{i}".encode() for i in range(8))
+    assert service.metrics()["pulsar_delay_level_duplicates_total"] == 0
