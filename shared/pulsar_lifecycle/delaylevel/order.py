@@ -58,49 +58,35 @@ class Pos:
                 and self.size > 0 and self.batch == self.size - 1)
 
 
+def _varint(buf: bytes, i: int) -> Tuple[int, int]:
+    """A protobuf varint at `buf[i]`: (value, index after it); IndexError when truncated."""
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
 def batch_size_of(serialized: bytes) -> int:
     """The batch size in a serialized MessageIdData (field 6; pulsar-client writes it for a
     message of a batch); 1 when absent (a message outside a batch), 0 when unreadable."""
     i, n = 0, len(serialized)
     try:
         while i < n:
-            tag = 0
-            shift = 0
-            while True:
-                b = serialized[i]
-                i += 1
-                tag |= (b & 0x7F) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
+            tag, i = _varint(serialized, i)
             number, wire = tag >> 3, tag & 7
             if wire == 0:
-                value = 0
-                shift = 0
-                while True:
-                    b = serialized[i]
-                    i += 1
-                    value |= (b & 0x7F) << shift
-                    shift += 7
-                    if not b & 0x80:
-                        break
+                value, i = _varint(serialized, i)
                 if number == 6:
                     return value
             elif wire == 2:
-                length = 0
-                shift = 0
-                while True:
-                    b = serialized[i]
-                    i += 1
-                    length |= (b & 0x7F) << shift
-                    shift += 7
-                    if not b & 0x80:
-                        break
+                length, i = _varint(serialized, i)
                 i += length
-            elif wire == 1:
-                i += 8
-            elif wire == 5:
-                i += 4
+            elif wire in (1, 5):
+                i += 8 if wire == 1 else 4
             else:
                 return 0
     except IndexError:
