@@ -269,6 +269,14 @@ class PartitionForwarder:
         if len(gate) and not waiting:
             self._next_probe = 0.0  # a gap opened: ask a Reader right away
             self._gap_since = time.monotonic()
+        elif waiting and not len(gate):
+            self._gap_closed()  # the missing message came
+
+    def _gap_closed(self) -> None:
+        if self._probe_interval > GAP_PROBE_MIN_S:  # a Reader found it missing: say how long it took
+            log.info("event=delay_level_partition_gap_filled partition=%s frontier=%s waited_s=%.1f", self.topic,
+                     self._gate.frontier if self._gate is not None else None, time.monotonic() - self._gap_since)
+        self._probe_interval = GAP_PROBE_MIN_S
 
     def _forget_waiting(self) -> None:
         if self._gate is not None:
@@ -288,7 +296,7 @@ class PartitionForwarder:
         for m in admitted:
             self._hold(m)
         if not len(gate):
-            self._probe_interval = GAP_PROBE_MIN_S
+            self._gap_closed()
             return
         self._next_probe = now + self._probe_interval
         self._probe_interval = min(GAP_PROBE_MAX_S, 2 * self._probe_interval)
