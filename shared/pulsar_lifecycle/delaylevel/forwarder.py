@@ -246,14 +246,15 @@ class PartitionForwarder:
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
         (OrderGate), or, a copy of a position handled before, acked without a forward."""
-        mid = msg.message_id()
+        mid = msg.message_id()  # read once: each accessor is a call into the client
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
         if self._watchdog is not None:
-            self._watchdog.seen(mid.ledger_id(), mid.entry_id())
+            self._watchdog.seen(ledger, entry)
         gate = self._gate
         if gate is None:
             self._hold(msg)
             return
-        pos = position_of(mid)
+        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
         if gate.handled(pos):
             # Handled before, so never forwarded again. Acked only when that is confirmed;
             # otherwise its original is held or in flight and is acked with it (same id).
