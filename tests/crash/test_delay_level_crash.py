@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -227,16 +226,11 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
     assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
                          f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
-    # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick). It
-    # was missed in 3 of 6 runs until the syncer subscribed in a rotated order and restarted stalled
-    # dedup replay readers after a restart (pulsar-lite; "Lateness after a crash"), met in 6 of 6
-    # after that, then missed again in 1 of 8 runs at the end of session 5 (887 late, worst 4.1 s,
-    # all forwarded late by the syncer on partitions 24-26). Not met reliably on pulsar-lite, so
-    # reported with the late side as a warning (issue 11 stays open); exactly-once, never-early and
-    # nothing-missing are asserted above.
-    if too_late:
-        print(explain(too_late, forwarded))
-        warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}",
-                      stacklevel=2)
-    assert len(outside) > N // 3  # the bound was checked on a real share of the messages
+    assert len(outside) > N // 3  # the bound is checked on a real share of the messages
+    # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick).
+    # Session 5 reported it as a warning after one run in 14 missed it (4.1 s: a dedup tail-replay
+    # reader stalled 5 s at a restart, and a syncer start waits for every partition's replay); the
+    # reader is now restarted after 1 s, and the bound is asserted again (the message names the
+    # late side: the syncer's forward or the writer's release).
+    assert not too_late, (f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
+                          f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}")
