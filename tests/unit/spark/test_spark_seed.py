@@ -14,7 +14,8 @@ from pulsar_lifecycle.scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP
 from pulsar_lifecycle.spark.backlog import ClassifyOptions, as_properties, classify_row, external_position
 from pulsar_lifecycle.spark.errors import SparkJobError
 from pulsar_lifecycle.spark.progress import JobProgress
-from pulsar_lifecycle.spark.seed import run_seed
+from pulsar_lifecycle.spark import seed
+from pulsar_lifecycle.spark.seed import partition_keys, place_buckets, run_seed
 from support.spark_fixtures import backlog_rows, write_backlog
 
 BASE = 1_800_000_000_000
@@ -41,6 +42,23 @@ def test_plan_follows_the_seal_rule_and_the_bucket_limit() -> None:
     assert plan_ledger_buckets([(7, 1000)], 10, 4) == [(7, 7, 1000)]  # a ledger is never split
     with pytest.raises(ValueError, match="listed twice"):
         plan_ledger_buckets([(1, 2), (1, 3)], 10, 4)
+
+
+def test_place_buckets_balances_rows_when_buckets_share_partitions() -> None:
+    assert place_buckets([5, 5, 5], 8) == [0, 1, 2]
+    place = place_buckets([10, 1, 1, 9, 2, 3], 2)
+    loads = [sum(s for s, p in zip([10, 1, 1, 9, 2, 3], place) if p == q) for q in range(2)]
+    assert sorted(loads) == [13, 13]
+
+
+@pytest.mark.spark
+def test_partition_keys_land_on_their_partitions(spark) -> None:
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(spark, 7)
+    df = spark.createDataFrame([(k, p) for p, k in enumerate(keys)], "k long, p int").repartition(7, "k")
+    assert {(r["p"], r["pid"]) for r in df.select("p", F.spark_partition_id().alias("pid")).collect()} == \
+        {(p, p) for p in range(7)}
 
 
 def test_external_positions_are_out_of_bookkeepers_range() -> None:
@@ -86,7 +104,9 @@ def _manifest(store: DirectorySnapshotStorage) -> Manifest:
 
 
 @pytest.mark.spark
-def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("max_partitions", [2000, 2], ids=["one-bucket-per-task", "buckets-share-tasks"])
+def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path, monkeypatch, max_partitions: int) -> None:
+    monkeypatch.setattr(seed, "MAX_PARTITIONS", max_partitions)
     rows = _rows_with_specials()
     inputs = write_backlog(tmp_path / "backlog", rows, per_file=97)
     engine = _engine_store(tmp_path / "engine", rows)
