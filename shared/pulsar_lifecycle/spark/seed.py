@@ -18,7 +18,7 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..bucket.bitmap import LedgerBitmaps
 from ..bucket.codec import Manifest, ReleaseCursor, parse
@@ -33,6 +33,7 @@ from ..scheduling_protocol import CANCEL_PROP
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
 from .progress import JobProgress
+from .seed_direct import MAX_READ_AMPLIFICATION, SeedTask, plan_tasks, read_amplification, read_task, row_groups
 from .seeding import build_bucket, tombstones_of, write_bucket
 from .store import exclusive, open_store
 
@@ -68,6 +69,8 @@ class SeedReport:
     index_id: str = ""
     seconds: float = 0.0
     rows_per_s: float = 0.0
+    path: str = "shuffle"  # "direct": executors read their row groups (seed_direct.py)
+    read_amplification: float = 0.0  # rows the direct path's tasks would read / rows there are
 
     def to_json(self) -> str:
         """The report as JSON text."""
@@ -127,26 +130,41 @@ def seed_partition(url: str, first_id: int, config: BucketConfig, opts: Classify
     """The mapInArrow function (see bind_tasks): the Arrow batches of one partition, which holds
     every row of the buckets placed on it (column bucket_no); each bucket is built and written
     here, one result row per bucket."""
-    import numpy as np  # executor side; numpy and pyarrow come with the spark extra
-    import pyarrow as pa
+    import pyarrow as pa  # executor side; pyarrow comes with the spark extra
 
     parts = [b for b in batches if b.num_rows]
     if not parts:
         return
     table = pa.Table.from_batches(parts)
     del parts
-    tomb = LedgerBitmaps.from_proto_map(tombstones, "tombstones")
-    buckets = np.asarray(table.column("bucket_no").combine_chunks(), dtype=np.int64)
-    rows = []
-    if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
-        rows.append(_seed_bucket(url, first_id, config, opts, tomb, int(buckets[0]), table))
-    else:
-        order = np.argsort(buckets, kind="stable")
-        uniq, starts = np.unique(buckets[order], return_index=True)
-        ends = list(starts[1:]) + [len(order)]
-        for bucket_no, a, b in zip(uniq.tolist(), starts.tolist(), ends):
-            rows.append(_seed_bucket(url, first_id, config, opts, tomb, bucket_no, table.take(order[a:b])))
+    rows = seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
     yield pa.RecordBatch.from_pylist(rows, schema=result_schema())
+
+
+def seed_direct_task(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions,
+                     tombstones: Dict[int, bytes], task: SeedTask) -> List[Dict[str, Any]]:
+    """The flatMap function of the direct path (see bind_tasks): read the task's row groups,
+    build and write its buckets; one result per bucket."""
+    table = read_task(task, ROW_COLUMNS)
+    if table is None:
+        return []
+    return seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
+
+
+def seed_table(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
+               table: Any) -> List[Dict[str, Any]]:
+    """Build and write every bucket whose rows `table` holds (column bucket_no says which);
+    their result rows."""
+    import numpy as np  # executor side; numpy comes with the spark extra
+
+    buckets = np.asarray(table.column("bucket_no").combine_chunks(), dtype=np.int64)
+    if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
+        return [_seed_bucket(url, first_id, config, opts, tomb, int(buckets[0]), table)]
+    order = np.argsort(buckets, kind="stable")
+    uniq, starts = np.unique(buckets[order], return_index=True)
+    ends = list(starts[1:]) + [len(order)]
+    return [_seed_bucket(url, first_id, config, opts, tomb, bucket_no, table.take(order[a:b]))
+            for bucket_no, a, b in zip(uniq.tolist(), starts.tolist(), ends)]
 
 
 def _seed_bucket(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
@@ -209,9 +227,10 @@ def partition_keys(spark: Any, partitions: int) -> List[int]:
 
 
 def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, opts: ClassifyOptions, *,
-             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress) -> SeedReport:
+             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress, direct: bool = True) -> SeedReport:
     """Seed the (empty) store at `url` from backlog files; returns the report. `max_buckets` > 0
-    lowers the bucket-count limit below config.delayed_delivery_max_num_buckets."""
+    lowers the bucket-count limit below config.delayed_delivery_max_num_buckets. `direct`:
+    let executors read their row groups when that pays (seed_direct.py); else Spark shuffles."""
     from pyspark.sql import functions as F  # optional dependency: only this job needs it
 
     t0 = time.monotonic()
@@ -242,23 +261,15 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 report.seconds = round(time.monotonic() - t0, 3)
                 return report
             first = storage.reserve_bucket_ids(len(plan))
-            # One partition per bucket (up to MAX_PARTITIONS): a task builds its buckets from
-            # rows Spark hands over unsorted, so the JVM only shuffles (no sort, no grouping).
-            partitions = min(len(plan), MAX_PARTITIONS)
-            place = place_buckets([c for _, _, c in plan], partitions)
-            keys = partition_keys(spark, partitions)
-            ledger_bucket, no = [], 0
-            for ledger, _ in sorted(counts):  # plan is in ledger order and covers every counted ledger
-                while ledger > plan[no][1]:
-                    no += 1
-                ledger_bucket.append((ledger, no, keys[place[no]]))
-            ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int, part_key long")
             progress.phase("build and write buckets")
             progress.expect_rows(sum(c for _, c in counts))
-            out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
-                   .repartition(partitions, "part_key").select(*ROW_COLUMNS, "bucket_no")
-                   .mapInArrow(bind_tasks(seed_partition, url, first, config, opts, tomb.to_proto_map()), RESULT_DDL))
-            results = sorted(out.collect(), key=lambda r: r["bucket_no"])
+            tasks = _direct_tasks(spark, inputs, fmt, plan, report) if direct else None
+            if tasks is not None:
+                results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
+                                 .flatMap(bind_tasks(seed_direct_task, url, first, config, opts, tomb.to_proto_map()))
+                                 .collect(), key=lambda r: r["bucket_no"])
+            else:
+                results = _shuffle_seed(spark, df, url, first, config, opts, tomb, plan, counts)
             progress.phase("manifest")
             refs, seen = [], {}
             for r in results:
@@ -288,6 +299,47 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
     log.info("event=seed_done store=%s rows=%d items=%d buckets=%d segments=%d seconds=%.1f",
              url, report.rows, report.items, report.buckets, report.segments, report.seconds)
     return report
+
+
+def _shuffle_seed(spark: Any, df: Any, url: str, first: int, config: BucketConfig, opts: ClassifyOptions,
+                  tomb: LedgerBitmaps, plan: Sequence[Tuple[int, int, int]],
+                  counts: Sequence[Tuple[int, int]]) -> List[Any]:
+    """The buckets built from rows Spark shuffles to them: one partition per bucket (up to
+    MAX_PARTITIONS); a task builds its buckets from rows handed over unsorted, so the JVM only
+    shuffles (no sort, no grouping). The result rows, in bucket order."""
+    from pyspark.sql import functions as F  # optional dependency: only this job needs it
+
+    partitions = min(len(plan), MAX_PARTITIONS)
+    place = place_buckets([c for _, _, c in plan], partitions)
+    keys = partition_keys(spark, partitions)
+    ledger_bucket, no = [], 0
+    for ledger, _ in sorted(counts):  # plan is in ledger order and covers every counted ledger
+        while ledger > plan[no][1]:
+            no += 1
+        ledger_bucket.append((ledger, no, keys[place[no]]))
+    ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int, part_key long")
+    out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
+           .repartition(partitions, "part_key").select(*ROW_COLUMNS, "bucket_no")
+           .mapInArrow(bind_tasks(seed_partition, url, first, config, opts, tomb.to_proto_map()), RESULT_DDL))
+    return sorted(out.collect(), key=lambda r: r["bucket_no"])
+
+
+def _direct_tasks(spark: Any, inputs: Sequence[str], fmt: str, plan: Sequence[Tuple[int, int, int]],
+                  report: "SeedReport") -> Optional[List[SeedTask]]:
+    """The direct path's tasks (seed_direct.py), or None when it does not pay or cannot read the inputs."""
+    if fmt != "parquet":
+        return None
+    groups = row_groups(inputs)
+    if groups is None:
+        return None
+    tasks = plan_tasks(plan, groups, spark.sparkContext.defaultParallelism)
+    amplification = read_amplification(tasks, groups)
+    report.read_amplification = round(amplification, 2)
+    if amplification > MAX_READ_AMPLIFICATION:
+        log.info("event=seed_direct_skipped read_amplification=%.2f", amplification)
+        return None
+    report.path = "direct"
+    return tasks
 
 
 def _claim_index(storage: BucketSnapshotStorage, clock: Clock = wall_clock_ms) -> str:

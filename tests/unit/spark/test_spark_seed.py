@@ -104,13 +104,17 @@ def _manifest(store: DirectorySnapshotStorage) -> Manifest:
 
 
 @pytest.mark.spark
-@pytest.mark.parametrize("max_partitions", [2000, 2], ids=["one-bucket-per-task", "buckets-share-tasks"])
-def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path, monkeypatch, max_partitions: int) -> None:
+@pytest.mark.parametrize("path,max_partitions", [("direct", 2000), ("shuffle", 2000), ("shuffle", 2)],
+                         ids=["direct", "shuffle-one-bucket-per-task", "shuffle-buckets-share-tasks"])
+def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path, monkeypatch, path: str,
+                                                           max_partitions: int) -> None:
     monkeypatch.setattr(seed, "MAX_PARTITIONS", max_partitions)
     rows = _rows_with_specials()
     inputs = write_backlog(tmp_path / "backlog", rows, per_file=97)
     engine = _engine_store(tmp_path / "engine", rows)
-    report = run_seed(spark, inputs, str(tmp_path / "seeded"), CONFIG, OPTS, progress=JobProgress(None, "t", enabled=False))
+    report = run_seed(spark, inputs, str(tmp_path / "seeded"), CONFIG, OPTS, progress=JobProgress(None, "t", enabled=False),
+                      direct=path == "direct")
+    assert report.path == path
     seeded = DirectorySnapshotStorage(tmp_path / "seeded")
 
     ids = engine.list_snapshots()
