@@ -276,6 +276,7 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
+    ap.add_argument("--shuffle", action="store_true", help="Seed through Spark's shuffle (no direct row-group reads).")
     ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
     ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--executor-rows", type=int, default=0,
@@ -313,13 +314,16 @@ def main() -> None:
         return
     cpu0 = tree_cpu_s(os.getpid())
     with JobProgress(spark, "seed") as progress:
-        seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+        seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress,
+                        direct=not args.shuffle)
     results["seed_cpu_s"] = round(tree_cpu_s(os.getpid()) - cpu0, 1)
     results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
-                       "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
+                       "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold,
+                       "path": seed.path, "read_amplification": seed.read_amplification}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
-          f"= {seed.rows_per_s:,.0f} rows/s; CPU of all Spark processes {results['seed_cpu_s']} s", flush=True)
+          f"= {seed.rows_per_s:,.0f} rows/s ({seed.path} path); CPU of all Spark processes {results['seed_cpu_s']} s",
+          flush=True)
     if args.seed_only:
         spark.stop()
         print(json.dumps(results, indent=2))

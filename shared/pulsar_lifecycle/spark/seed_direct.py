@@ -50,14 +50,13 @@ class SeedTask:
 def row_groups(inputs: Sequence[str]) -> Optional[List[RowGroup]]:
     """The row groups of the Parquet inputs (files or directories), or None when pyarrow cannot
     list or open them or a row group has no ledger_id statistics."""
-    import pyarrow.dataset as ds  # executor/driver side; pyarrow comes with the spark extra
+    import pyarrow.dataset as ds  # driver side; pyarrow comes with the spark extra
+    import pyarrow.parquet as pq
 
     try:
-        dataset = ds.dataset(list(inputs), format="parquet")
+        files = [f for path in inputs for f in ds.dataset(path, format="parquet").files]
         out = []
-        for path in dataset.files:
-            import pyarrow.parquet as pq
-
+        for path in files:
             meta = pq.ParquetFile(path).metadata
             col = meta.schema.names.index("ledger_id")
             for i in range(meta.num_row_groups):
@@ -80,7 +79,8 @@ def plan_tasks(plan: Sequence[Tuple[int, int, int]], groups: Sequence[RowGroup],
     total = sum(c for _, _, c in plan)
     n_tasks = max(1, min(len(plan), max(4 * parallelism, -(-total // ROWS_PER_TASK))))
     per_task = total / n_tasks
-    tasks, start, acc = [], 0, 0
+    tasks: List[SeedTask] = []
+    start, acc = 0, 0
     for i, (_, _, count) in enumerate(plan):
         acc += count
         last = i == len(plan) - 1
