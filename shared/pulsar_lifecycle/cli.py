@@ -107,7 +107,9 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
              hostname_verification_enabled: bool, tls_trust_cert_path: Optional[str], instance_id_offset: int,
              num_instances: Optional[int], metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
     """Run a function locally, like `pulsar-admin functions localrun`."""
-    from .config.function_config import FunctionConfigError, load_function_config, spec_from_config
+    from .config.function_config import FunctionConfigError, load_function_config, merged_config, spec_from_config
+    from .config.validate import function_problems
+    from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
     from .runtime.client import ClientSettings
     from .runtime.localrun import LocalRunner, LocalRunOptions
 
@@ -122,8 +124,14 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
             "userConfig": _user_config(user_config),
         }
         spec = spec_from_config(cfg, overrides)
+        problems = function_problems(merged_config(cfg, overrides), config_file or "command line",
+                                     USER_CONFIG_KEYS, FUNCTION_CHECKS)
     except FunctionConfigError as exc:
         raise click.ClickException(str(exc)) from exc
+    if problems:
+        # The function would refuse these at start or misbehave with them; say so before anything starts.
+        raise click.ClickException("\n".join([*problems, f"{len(problems)} problem(s): nothing started "
+                                               "(`pulsar-lifecycle validate` checks a config file)"]))
     opts = LocalRunOptions(
         broker_service_url=broker_service_url, state_storage_service_url=state_storage_service_url,
         client=ClientSettings(broker_service_url or "", client_auth_plugin, client_auth_params, use_tls,

@@ -18,7 +18,7 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
-from support.helpers import publish_all, wait_for
+from support.helpers import publish_all, stop_process, wait_for
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -114,11 +114,7 @@ def test_delayed_messages_with_sigkills_released_exactly_once(tmp_path, unique, 
         pump(max(0.0, remaining) + 60)
         pump(3)  # anything released twice late would show up here
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         client.close()
     missing = set(expected) - set(seen)
     twice = {k: len(ids) for k, ids in seen.items() if len(ids) > 1}

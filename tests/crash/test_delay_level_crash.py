@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
 import time
 import warnings
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import pulsar
 import pytest
 import yaml
 
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
-from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.producer import DelayLevelMessageId, DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import ORIGIN_PARTITION_PROP
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
@@ -101,12 +100,6 @@ def read_forwards(tap: pulsar.Consumer) -> Dict[bytes, Tuple[int, str]]:
     return out
 
 
-def stalled_partitions(tmp_path: Path) -> Set[int]:
-    """Delay-level partitions whose consumer the syncer's stall watchdog re-subscribed (its log)."""
-    text = (tmp_path / "syncer.log").read_text(errors="replace")
-    return {int(k) for k in re.findall(r"event=delay_level_partition_resubscribed topic=\S+-partition-(\d+)", text)}
-
-
 def explain(too_late: List[Tuple[bytes, int, int]], forwarded: Dict[bytes, Tuple[int, str]]) -> str:
     """Which side the late ones were late on: forwarded after deliver-at - lookahead (syncer) or
     released late after a timely forward (writer); per source partition."""
@@ -147,6 +140,14 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     forwarded: Dict[bytes, Tuple[int, str]] = {}
     due: Dict[bytes, int] = {}  # payload -> deliver_at as sent
     delays: Dict[bytes, int] = {}  # payload -> delay as sent (its delay-level partition)
+    sources: Dict[bytes, str] = {}  # payload -> its parked position "<ledger>:<entry>:<batch>" (diagnosis)
+
+    def sent(i: int, res: pulsar.Result, dl_id: Optional[DelayLevelMessageId]) -> None:
+        if res != pulsar.Result.Ok:
+            failed.append(i)
+        elif dl_id is not None:
+            mid = dl_id.message_id
+            sources[f"m{i}".encode()] = f"{mid.ledger_id()}:{mid.entry_id()}:{mid.batch_index()}"
 
     def pump(seconds: float) -> None:
         deadline = time.monotonic() + seconds
@@ -172,8 +173,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             delay = rng.randint(0, UNITS * UNIT_S * 1000)
             due[f"m{i}".encode()] = now_ms() + delay
             delays[f"m{i}".encode()] = delay
-            producer.send_async(f"m{i}".encode(), lambda res, _id, i=i: res == pulsar.Result.Ok or failed.append(i),
-                                delay_ms=delay)
+            producer.send_async(f"m{i}".encode(), lambda res, mid, i=i: sent(i, res, mid), delay_ms=delay)
         producer.flush()
         assert not failed, f"{len(failed)} sends failed"
         span_s = UNITS * UNIT_S
@@ -214,30 +214,17 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     print(f"\nDL crash: n={N} unit={UNIT_S}s released={len(seen)} outside-downtime={len(outside)} "
           f"worst lateness outside downtime={worst} ms (bound {BOUND_MS} ms); "
           f"worst overall={max((x[2] for x in late), default=0)} ms; windows={[(a - base, b - base) for a, b in windows]}")
-    with open(tmp_path / "lateness.tsv", "w") as out:  # payload deliver_at lateness forwarded_at partition
+    # payload deliver_at lateness forwarded_at partition parked-position
+    with open(tmp_path / "lateness.tsv", "w") as out:
         for p, at, lat in late:
             fwd = forwarded.get(p, (0, "?"))
-            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\n")
+            out.write(f"{p.decode()}\t{at}\t{lat}\t{fwd[0]}\t{fwd[1]}\t{sources.get(p, '?')}\n")
         for p in sorted(missing):  # never released: lateness -1
             fwd = forwarded.get(p, (0, "?"))
-            out.write(f"{p.decode()}\t{due[p]}\t-1\t{fwd[0]}\t{fwd[1]}\n")
+            out.write(f"{p.decode()}\t{due[p]}\t-1\t{fwd[0]}\t{fwd[1]}\t{sources.get(p, '?')}\n")
     unforwarded = sorted(p for p in missing if p not in forwarded)
     assert not twice, f"{len(twice)} released more than once, e.g. {list(twice.items())[:5]}"
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
-    if missing:
-        # KNOWN OPEN DEFECT (issue 11, docs/delay-levels.md "Lateness after a crash"): in about a
-        # third of the runs on pulsar-lite, whole stretches of one or two delay-level partitions
-        # are never forwarded after a syncer restart, always partitions whose consumer the stall
-        # watchdog had to re-subscribe; neither re-subscribing nor a broker restart brought them
-        # back in the runs examined, and whether pulsar-lite or the syncer dropped them is not
-        # yet known (likely the syncer: out-of-order redelivery after the re-subscription, and the
-        # publisher dropping an id below one already forwarded). Only that pattern is reported as
-        # an expected failure; a message missing from any other partition fails the test.
-        stalled = stalled_partitions(tmp_path)
-        parts = {strategy.partition_for(delays[p]) for p in missing}
-        if parts <= stalled:
-            pytest.xfail(f"known open defect (issue 11): {len(missing)} never released, all from partitions "
-                         f"{sorted(parts)} that the stall watchdog re-subscribed; logs in {tmp_path}")
     assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
                          f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
     # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick). It

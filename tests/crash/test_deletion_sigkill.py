@@ -20,7 +20,7 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from servers.bookie_http_server import BookieHttpServer
 from servers.internal_stats_server import InternalStatsServer
 from support.deletion_scenario import build, collect_dlq, dlq_by_ledger, phase_one
-from support.helpers import wait_for
+from support.helpers import stop_process, wait_for
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -56,16 +56,6 @@ def _localrun(config: Path, port: int, data_dir: Path) -> subprocess.Popen:
     return proc
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
 def test_sigkill_mid_stream(s3_server, tmp_path, unique):
     topics = DeletionTopics(topic_name=f"__ledger_deletion_{unique.replace('-', '_')}")
     with InternalStatsServer() as admin, BookieHttpServer(fail_rate=0.3, seed=11, fail_after_delete_rate=0.1) as bookie:
@@ -92,7 +82,7 @@ def test_sigkill_mid_stream(s3_server, tmp_path, unique):
             msgs = collect_dlq(client, sc, time.monotonic() + 120,
                                lambda got: set(dlq_by_ledger(got)[0]) >= expected and dlq_by_ledger(got)[1])
         finally:
-            _stop(proc)
+            stop_process(proc)
             client.close()
         by_ledger, undecodable = dlq_by_ledger(msgs)
         assert not sc.orphans()

@@ -20,7 +20,7 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
 from support.diskfull import SmallDisk
-from support.helpers import drain, wait_for
+from support.helpers import drain, stop_process, wait_for
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -136,11 +136,7 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(tmp_path, un
             counter.acknowledge(m)
         _close_in_background(client)
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc, signal.SIGTERM)
         disk.close()
     print(f"confirmed {len(confirmed)} of {N} sends ({before_kill} before the SIGKILL), released {len(got)}")
     text = log.read_text(errors="replace")

@@ -14,7 +14,7 @@ import pytest
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.state.directory import DirectoryStateStore
-from support.helpers import drain, publish_all, wait_for
+from support.helpers import drain, publish_all, stop_process, wait_for
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -30,15 +30,6 @@ def _localrun(*args: str, log: Path) -> subprocess.Popen:
              "--function-config-file", str(CONFIG), *args],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL,
         )
-
-
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGINT) -> int:
-    proc.send_signal(sig)
-    try:
-        return proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(timeout=10)
 
 
 def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
@@ -58,7 +49,7 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
             assert wait_for(lambda round_no=round_no: (store.get_counter("processed") or 0) >= 50 * (round_no + 1), timeout=30)
             client.close()
         finally:
-            assert _stop(proc) == 0
+            assert stop_process(proc) == 0
     # Both rounds' outputs are on the embedded broker's disk (restarted twice).
     proc = _localrun(*common, log=tmp_path / "localrun.log")
     try:
@@ -67,7 +58,7 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
         out = drain(client, "persistent://public/default/example-output", "verify", expect=100, timeout=30)
         client.close()
     finally:
-        _stop(proc)
+        stop_process(proc)
     assert {m.data().decode() for m in out} == {f"r{r}-{i}!" for r in range(2) for i in range(50)}
     assert store.get_counter("processed") >= 100
 
@@ -126,5 +117,5 @@ def test_sigkill_mid_stream_every_input_produces_output(tmp_path, unique):
                                  f"{len(missing & on_topic)} of them are on the output topic; "
                                  f"{len(pending)} inputs still unacked")
     finally:
-        _stop(proc)
+        stop_process(proc)
         client.close()

@@ -21,7 +21,7 @@ from pulsar_lifecycle.config.function_config import load_function_config
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, RELEASED_AT_PROP
-from support.helpers import publish_all, wait_for
+from support.helpers import publish_all, stop_process, wait_for
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -140,13 +140,8 @@ def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(tmp_path):
         finally:
             client.close()
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        if proc is not None:
+            stop_process(proc)
     missing = sorted(set(sent) - set(got))
     twice = {k: v for k, v in got.items() if len(v) > 1}
     unknown = sorted(set(got) - set(sent))

@@ -352,3 +352,45 @@ def test_parallelism_1_to_2_moves_partitions_and_every_message_is_forwarded_once
     finally:
         for s in pair:
             s.stop()
+
+
+def test_earlier_message_redelivered_after_later_ones_were_forwarded_is_forwarded_not_dropped(env):
+    """Another consumer of the syncer's subscription (a killed predecessor the broker has not yet
+    dropped) holds a partition's first messages, so the forwarder receives the later ones first.
+    Before issue 11's fix it forwarded them, and the held ones, handed back afterwards below the
+    publisher's high-water mark, were dropped as duplicates and acked: lost. Now nothing overtakes
+    them, and all are forwarded once, in position order."""
+    topics, client, producer = env.topics, env.client, env.producer
+    sent = [producer.send(f"m{i}".encode(), delay_ms=2100) for i in range(8)]
+    assert {s.partition for s in sent} == {0}
+    other = client.subscribe(sent[0].topic, "syncer", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1)
+    assert other.receive(timeout_millis=5000).data() == b"m0"
+    service = env.start(lookaheadMillis=30_000, partitionDiscoverySeconds=0)  # due as soon as read
+    assert drain(client, topics["sched"], "check", expect=1, timeout=2.5) == []  # nothing overtakes m0
+    other.close()  # what it held goes back to the forwarder, after the later messages
+    got = drain(client, topics["sched"], "check", expect=8, timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1)  # a copy would show here
+    assert [m.data() for m in got] == [f"m{i}".encode() for i in range(8)]
+    assert service.metrics()["pulsar_delay_level_duplicates_total"] == 0
+
+
+def test_a_restart_after_a_cancel_starts_its_order_after_the_cancelled_position(env):
+    """A cancelled message is acked without a forward, so the publisher's recovery cannot know it
+    was handled: the forwarder records it before the ack. Without that record a restarted syncer
+    would wait forever for that (acked) position before forwarding what follows it."""
+    topics, client, producer = env.topics, env.client, env.producer
+    first = producer.send(b"a", delay_ms=2100)
+    cancelled = producer.send(b"b", delay_ms=2100)
+    producer.cancel(cancelled)
+    user = {"lookaheadMillis": 30_000, "partitionDiscoverySeconds": 0}  # due as soon as read
+    service = env.start(**user)
+    got = drain(client, topics["sched"], "check", expect=1, timeout=10)
+    assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancelled_total"] == 1, timeout=10)
+    service.stop()
+    assert (first.partition, cancelled.partition) == (0, 0)
+    producer.send(b"c", delay_ms=2100)
+    env.start(**user)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1)  # a copy would show here
+    assert [m.data() for m in got] == [b"a", b"c"]

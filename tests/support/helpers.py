@@ -1,6 +1,8 @@
 """Bounded helpers for integration tests: consume with deadlines, never loop forever."""
 from __future__ import annotations
 
+import signal
+import subprocess
 import time
 from typing import Callable, Dict, List, Optional
 
@@ -87,3 +89,16 @@ def receive_payloads(consumer: pulsar.Consumer, want: int, timeout: float) -> Li
         got.append(m.data().decode())
         consumer.acknowledge(m)
     return got
+
+
+def stop_process(proc: "subprocess.Popen[bytes]", sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
+    """Stop a function process the way an operator would (SIGINT by default) and return its exit
+    code; one still running after ``timeout`` seconds is SIGKILLed. A process already gone is left alone."""
+    if proc.poll() is not None:
+        return proc.returncode
+    proc.send_signal(sig)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(timeout=10)

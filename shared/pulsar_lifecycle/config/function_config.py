@@ -456,6 +456,15 @@ def _normalise_overrides(overrides: Optional[Mapping[str, Any]]) -> Dict[str, An
     return out
 
 
+def merged_config(cfg: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> Dict[str, Any]:
+    """The config as the function will run it: ``cfg`` with the given overrides (see spec_from_config)."""
+    if not isinstance(cfg, Mapping):
+        raise FunctionConfigError(f"function config must be a mapping, got {type(cfg).__name__}")
+    merged: Dict[str, Any] = dict(cfg)
+    merged.update(_normalise_overrides(overrides))
+    return merged
+
+
 def spec_from_config(cfg: Mapping[str, Any], overrides: Optional[Mapping[str, Any]] = None) -> FunctionSpec:
     """Resolve a loaded config (plus CLI-style overrides) into a FunctionSpec with Pulsar's defaults.
 
@@ -465,10 +474,7 @@ def spec_from_config(cfg: Mapping[str, Any], overrides: Optional[Mapping[str, An
     this does not apply the ``functions create`` Python checks: use ``validate.validate_config``.
     Raises FunctionConfigError when className is missing or a field used here has the wrong type.
     """
-    if not isinstance(cfg, Mapping):
-        raise FunctionConfigError(f"function config must be a mapping, got {type(cfg).__name__}")
-    merged: Dict[str, Any] = dict(cfg)
-    merged.update(_normalise_overrides(overrides))
+    merged = merged_config(cfg, overrides)
 
     class_name = _typed(merged, "className", str, "")
     if not class_name:

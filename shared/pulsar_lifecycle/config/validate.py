@@ -414,6 +414,18 @@ def _semantic_checks(
     for key in ("inputTypeClassName", "outputTypeClassName"):
         _check_class_name(report, (key,), get(key, STR), "class")
 
+    _check_function(report, cfg, class_name, user_config, user_config_keys, function_checks)
+
+
+def _check_function(
+    report: _Report,
+    cfg: Mapping[str, Any],
+    class_name: Optional[str],
+    user_config: Mapping[str, Any],
+    user_config_keys: Optional[Mapping[str, Collection[str]]],
+    function_checks: Optional[Mapping[str, FunctionCheck]],
+) -> None:
+    """The checks that belong to the function class itself: its userConfig keys and its own rules."""
     # --- userConfig keys the function class reads -------------------------------------------
     if user_config_keys is not None and class_name and class_name in user_config_keys:
         known = sorted(user_config_keys[class_name])
@@ -464,6 +476,27 @@ def validate_config(
     An empty list means the config is accepted by ``pulsar-admin functions create`` for Python.
     """
     return _validate(cfg, str(path), user_config_keys, {}, function_checks)
+
+
+def function_problems(
+    cfg: Mapping[str, Any],
+    path: str,
+    user_config_keys: Mapping[str, Collection[str]],
+    function_checks: Mapping[str, FunctionCheck],
+) -> List[str]:
+    """Only the function class's own problems with a config: unknown userConfig keys and its checks.
+
+    ``localrun`` refuses a config on these (the function would fail or misbehave), while the
+    ``functions create`` field checks stay warnings there, as ``pulsar-admin functions localrun``
+    accepts e.g. short topic names.
+    """
+    report = _Report(path=str(path), lines={})
+    if isinstance(cfg, Mapping):
+        class_name = cfg.get("className") if isinstance(cfg.get("className"), str) else None
+        raw = cfg.get("userConfig")
+        user_config: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        _check_function(report, cfg, class_name, user_config, user_config_keys, function_checks)
+    return report.problems
 
 
 def _expand(paths: Iterable[Union[str, Path]]) -> List[Union[Path, str]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Deque, Dict, List, Optional, Tuple
@@ -25,6 +26,7 @@ from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutM
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
+from .order import OrderGate, Pos, batch_size_of
 from .rule import (
     BASE_PROP,
     LEVEL_PROP,
@@ -39,7 +41,7 @@ from .rule import (
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder"]
+__all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder", "Probe", "position_of"]
 
 # Internal properties a forward does not carry: the dedup publisher adds its own; base and level
 # only served the forward time.
@@ -47,6 +49,28 @@ _NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
+GAP_PROBE_MIN_S, GAP_PROBE_MAX_S = 0.2, 5.0  # Reader probes while a message waits beyond a gap (backoff)
+GAP_LOG_EVERY_S = 30.0
+HANDLED_KEY_PREFIX = "delay-level/handled"  # /<producer name>: highest position handled without a forward
+
+
+def position_of(mid: pulsar.MessageId, with_size: bool = False) -> Pos:
+    """The source position of a message id (batch index -1, outside a batch, counts as 0, as in
+    the sequence id); the batch size only `with_size` (else when the OrderGate needs it: it costs
+    a serialization of the id)."""
+    batch = mid.batch_index()
+    if batch < 0:
+        return Pos(mid.ledger_id(), mid.entry_id(), 0, 1)
+    return Pos(mid.ledger_id(), mid.entry_id(), batch, batch_size_of(mid.serialize()) if with_size else 0)
+
+
+def _batch_size(msg: pulsar.Message) -> int:
+    return batch_size_of(msg.message_id().serialize())
+
+
+# Looks for the first message of the partition after a position (None: from the start); returns
+# its position (with batch size) or None when there is none. A Reader in the service (Pulsar I/O).
+Probe = Callable[[Optional[Pos]], Optional[Pos]]
 
 
 @dataclass(frozen=True)
@@ -102,6 +126,7 @@ class _InFlight:
     held: List[_Held]
     kinds: List[str]  # per message "forward" | "dead-letter", counted once confirmed
     outcomes: List[Outcome]
+    record: bool = False  # not on the near-term topic: record the handled position before the ack
 
 
 @dataclass
@@ -116,7 +141,8 @@ class PartitionForwarder:
 
     def __init__(self, k: int, topic: str, consumer: pulsar.Consumer, publisher: DedupPublisher,
                  policy: ForwardPolicy, stop: threading.Event,
-                 resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0) -> None:
+                 resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0,
+                 probe: Optional[Probe] = None) -> None:
         self.k = k
         self.topic = topic
         self.consumer = consumer
@@ -127,8 +153,26 @@ class PartitionForwarder:
         self.failure: Optional[BaseException] = None
         self._held: Deque[_Held] = deque()
         self._lock = threading.Lock()
-        self._claimed = max((publisher.persisted_seq(t) for t in publisher.topics()), default=-1)
+        self._handled_key = f"{HANDLED_KEY_PREFIX}/{publisher.producer_name}"
+        raw = publisher.state_store.get(self._handled_key)
+        # Everything up to the highest forward on the topics and the highest position handled
+        # without one (cancelled, dead-lettered, broker backend; recorded before its ack) is
+        # handled: positions are handled strictly in order (order.py).
+        self._claimed = max([publisher.persisted_seq(t) for t in publisher.topics()] + [int(raw) if raw else -1])
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
+        self._recorded = self._claimed  # the handled position last written to the state store
+        queue = receiver_queue_size or policy.receiver_queue_size or 200
+        # Strict position order (order.py); `probe` (a Reader) resolves a gap the ids cannot.
+        # Without a probe (tests of other parts), messages are taken in the order they come.
+        self._probe = probe
+        self._gate: Optional[OrderGate[pulsar.Message]] = None
+        if probe is not None:
+            frontier = Pos(*source_position(self._claimed)) if self._claimed > 0 else None
+            self._gate = OrderGate(frontier, cap=max(queue, policy.batch_size), sizer=_batch_size)
+        self._next_probe = 0.0
+        self._probe_interval = GAP_PROBE_MIN_S
+        self._gap_since = 0.0
+        self._gap_logged = 0.0
         self._cancels: Dict[int, _Pending] = {}
         self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
@@ -136,8 +180,10 @@ class PartitionForwarder:
         # the partition's subscription; None turns the watchdog off.
         self._watchdog: Optional[StallWatchdog] = None
         if resubscribe is not None:
-            self._watchdog = StallWatchdog(topic, resubscribe, receiver_queue_size or policy.receiver_queue_size or 200,
-                                           event="delay_level_partition_resubscribed")
+            # Messages waiting beyond a gap belong to the consumer being replaced: forgotten, not
+            # acked; the broker hands them to the new one.
+            self._watchdog = StallWatchdog(topic, resubscribe, queue, event="delay_level_partition_resubscribed",
+                                           before_resubscribe=self._forget_waiting)
             if self._claimed > 0:
                 # After a restart: the last forwarded position counts as seen (the publisher's
                 # sequence id is the source position), so an idle consumer with unforwarded
@@ -197,13 +243,76 @@ class PartitionForwarder:
         except pulsar.Timeout:
             return None
 
+    def _take(self, msg: pulsar.Message) -> None:
+        """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
+        (OrderGate), or, a copy of a position handled before, acked without a forward."""
+        mid = msg.message_id()  # read once: each accessor is a call into the client
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        if self._watchdog is not None:
+            self._watchdog.seen(ledger, entry)
+        gate = self._gate
+        if gate is None:
+            self._hold(msg)
+            return
+        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
+        if gate.handled(pos):
+            # Handled before, so never forwarded again. Acked only when that is confirmed;
+            # otherwise its original is held or in flight and is acked with it (same id).
+            self.stats.duplicates += 1
+            seq = sequence_id(pos.ledger, pos.entry, pos.batch)
+            if seq <= self._done:
+                self.consumer.acknowledge(msg)
+            log.debug("event=delay_level_redelivery partition=%s seq=%d done=%d", self.topic, seq, self._done)
+            return
+        waiting = len(gate)
+        for m in gate.offer(pos, msg):
+            self._hold(m)
+        if len(gate) and not waiting:
+            self._next_probe = 0.0  # a gap opened: ask a Reader right away
+            self._gap_since = time.monotonic()
+        elif waiting and not len(gate):
+            self._gap_closed()  # the missing message came
+
+    def _gap_closed(self) -> None:
+        if self._probe_interval > GAP_PROBE_MIN_S:  # a Reader found it missing: say how long it took
+            log.info("event=delay_level_partition_gap_filled partition=%s frontier=%s waited_s=%.1f", self.topic,
+                     self._gate.frontier if self._gate is not None else None, time.monotonic() - self._gap_since)
+        self._probe_interval = GAP_PROBE_MIN_S
+
+    def _forget_waiting(self) -> None:
+        if self._gate is not None:
+            self._gate.clear()
+
+    def _resolve_gap(self) -> None:
+        """Messages wait beyond a gap: ask a Reader which message follows the frontier (with a
+        backoff); if it is the first waiting one, the gap holds nothing and they are admitted.
+        Otherwise the missing message is unacked (only the syncer acks, and only what it
+        handled) and is held by another consumer of the subscription: it comes back."""
+        gate = self._gate
+        now = time.monotonic()
+        if gate is None or not len(gate) or now < self._next_probe or self._probe is None:
+            return
+        nxt = self._probe(gate.frontier)
+        admitted = gate.resolve(nxt)
+        for m in admitted:
+            self._hold(m)
+        if not len(gate):
+            self._gap_closed()
+            return
+        self._next_probe = now + self._probe_interval
+        self._probe_interval = min(GAP_PROBE_MAX_S, 2 * self._probe_interval)
+        if now - self._gap_logged >= GAP_LOG_EVERY_S:
+            self._gap_logged = now
+            log.warning("event=delay_level_partition_gap_wait partition=%s frontier=%s missing=%s first_waiting=%s "
+                        "waiting=%d waited_s=%.1f reason='an earlier message is held by another consumer of the "
+                        "subscription; later ones wait so that nothing is forwarded out of order'", self.topic,
+                        gate.frontier, nxt, gate.first_waiting(), len(gate), now - self._gap_since)
+
     def _hold(self, msg: pulsar.Message) -> None:
         """Read a message's properties once and compute its forward time; a malformed parked
         message is due now (it is dead-lettered)."""
         mid = msg.message_id()  # read once: each accessor is a call into the client
         ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
-        if self._watchdog is not None:
-            self._watchdog.seen(ledger, entry)
         seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
         if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
@@ -224,6 +333,18 @@ class PartitionForwarder:
 
     def _step(self) -> None:
         if not self._held:
+            gate = self._gate
+            if gate is not None and len(gate):
+                self._resolve_gap()
+                if self._held:
+                    return
+                if gate.full:  # memory bound: receive no more until the gap is filled
+                    if self._inflight:
+                        self._settle(0)
+                        return
+                    self._watch_for_stall()
+                    self.stop.wait(0.1)
+                    return
             # With a batch in flight, only look for more without waiting: an idle partition
             # confirms and acks what it sent first.
             msg = self._receive(1 if self._inflight else IDLE_WAIT_MS)
@@ -238,7 +359,9 @@ class PartitionForwarder:
             # partition is due (its head was), and the lookahead is the whole margin.
             if self._watchdog is not None:
                 self._watchdog.flowing()
-            self._hold(msg)
+            self._take(msg)
+            if not self._held:
+                return
         due = self._held[0].due
         self.stats.next_forward_at = due
         wait_ms = due - self.policy.clock()
@@ -255,11 +378,15 @@ class PartitionForwarder:
         now = self.policy.clock()
         while len(batch) < self.policy.batch_size:
             if not self._held:
+                if self._gate is not None and self._gate.full:
+                    break
                 more = self.consumer.batch_receive()
                 if not more:
                     break
                 for m in more:
-                    self._hold(m)
+                    self._take(m)
+                if not self._held:
+                    break  # all of them wait beyond a gap (or were copies of handled ones)
             if self._held[0].due > now:
                 break
             batch.append(self._held.popleft())
@@ -318,7 +445,8 @@ class PartitionForwarder:
             outcomes = self.publisher.publish_many(topic, msgs)
             # The highest id, not the last: a message redelivered out of order can end a batch.
             last = max(m.sequence_id for m in msgs)
-            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes))
+            record = topic != self.policy.near_term_topic  # the broker backend or the dead-letter topic
+            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes, record))
             self._settle(self.policy.pipeline_depth)
             return
         self._settle(0)  # keep `done` a prefix: older batches are acked first
@@ -327,6 +455,7 @@ class PartitionForwarder:
             outcomes += self.publisher.publish_many(topic, msgs)
         # Ack only what the broker confirmed: flush raises if any send failed.
         self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
+        self._record_handled(self._claimed)  # cancels leave no forward behind
         for msg, cancel in dropped:
             self.consumer.acknowledge(msg)
             cancel.ack()
@@ -353,11 +482,23 @@ class PartitionForwarder:
         while len(self._inflight) > keep:
             batch = self._inflight[0]
             self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
+            if batch.record:
+                self._record_handled(batch.claimed)
             self._inflight.popleft()
             for held in batch.held:
                 ack(held.msg)
             self._done = max(self._done, batch.claimed)
             self._count(batch.kinds, batch.outcomes)
+
+    def _record_handled(self, seq: int) -> None:
+        """Write the highest handled position before acking messages that leave no forward on
+        the near-term topic (cancelled, dead-lettered, broker backend): a restart starts its
+        order there (the forwards on the near-term topic are found by the publisher's recovery).
+        A failed write raises, and nothing is acked."""
+        if self._gate is None or seq <= self._recorded:
+            return
+        self.publisher.state_store.put(self._handled_key, str(seq).encode())
+        self._recorded = seq
 
     def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
         for kind, outcome in zip(kinds, outcomes):

@@ -22,7 +22,8 @@ from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
 from .follow import find_forward
-from .forwarder import ForwardPolicy, PartitionForwarder
+from .forwarder import ForwardPolicy, PartitionForwarder, position_of
+from .order import Pos
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
 from .trail import Checkpoint, ForwardTrail, TrailFormatError
 
@@ -38,6 +39,8 @@ FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for 
 SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
 DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
+PROBE_TIMEOUT_MS = 2000  # a forwarder's gap probe waits this long for the message after its frontier
+PROBE_MAX_READS = 10_000  # at most a batch (max batch index 4095 per sequence_id) before that message
 
 
 @dataclass
@@ -274,10 +277,28 @@ class DelayLevelSyncerService:
         if consumer is None:
             consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
-                                       resubscribe=lambda queue: self._subscribe(topic, queue))
+                                       resubscribe=lambda queue: self._subscribe(topic, queue),
+                                       probe=lambda after: self._first_after(topic, after))
         with self._grow_lock:
             self.forwarders.append(forwarder)  # stop() closes its consumer
         return forwarder
+
+    def _first_after(self, topic: str, after: Optional[Pos]) -> Optional[Pos]:
+        """The position of `topic`'s first message after `after` (None: its first), read by a
+        Reader, or None when none arrives within PROBE_TIMEOUT_MS. The forwarders' gap check
+        (order.py): the ids alone cannot tell what follows a ledger change or a restart."""
+        start = pulsar.MessageId.earliest if after is None else pulsar.MessageId(-1, after.ledger, after.entry, -1)
+        reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=100)
+        try:
+            for _ in range(PROBE_MAX_READS):  # the rest of the frontier's batch comes first
+                pos = position_of(reader.read_next(PROBE_TIMEOUT_MS).message_id(), with_size=True)
+                if after is None or pos.key > after.key:
+                    return pos
+        except pulsar.Timeout:
+            return None
+        finally:
+            reader.close()
+        return None
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
 

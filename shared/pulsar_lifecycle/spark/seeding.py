@@ -1,33 +1,34 @@
 """Building one bucket snapshot from exported rows: the executor side of `spark seed`.
 
 No PySpark here (the Spark job in seed.py calls these functions inside applyInArrow), and no
-format of its own: rows go through the writer's classifier, items through the engine's
-index_fields/release_ts (encode_segment: one protobuf call per segment), segments through the
-engine's cutting rule (cut_bounds) and segment builder (make_segment), the snapshot through the
-storage interface. A fresh index gives an item added before anything was released the
+format of its own: rows go through the writer's classifier in its column form
+(scheduler/intake_columns.py), items through the engine's item encoding in its column form
+(bucket/item_columns.py; both are tested equal to the per-message functions), segments through
+the engine's cutting rule (cut_bounds) and segment builder (make_segment), the snapshot through
+the storage interface. A fresh index gives an item added before anything was released the
 release-key timestamp release_ts(deliver_at, FRESH_FLOOR), which is what the engine would write.
 """
 from __future__ import annotations
 
-import gc
 import logging
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Sequence, Tuple
 
 import numpy as np
-import pyarrow as pa
 from pyroaring import BitMap
 
 from ..bucket.bitmap import PACK_SHIFT, LedgerBitmaps
-from ..bucket.codec import Item, encode_segment, make_item, release_ts
+from ..bucket.codec import Item, make_item, release_ts
 from ..bucket.config import BucketConfig
+from ..bucket.item_columns import encode_framed_columns, release_ts_columns, validate_columns
 from ..bucket.keys import bucket_key
 from ..bucket.records import BATCH_BITS, MAX_BATCH_INDEX, DelayedMessage
 from ..bucket.segments import CutSegment, cut_bounds, make_segment, snapshot_metadata_bytes
 from ..bucket.storage import BucketSnapshotStorage, write_whole
 from ..scheduler.intake import Cancel, Invalid
-from .backlog import ClassifyOptions, classify_row
+from ..scheduler.intake_columns import classify_columns
+from .backlog import ClassifyOptions
 
 log = logging.getLogger(__name__)
 
@@ -67,59 +68,35 @@ def build_bucket(table: Any, config: BucketConfig, opts: ClassifyOptions, tombst
     dropped and stays out of the seen-set, as the engine does with an add whose cancel came
     first. A position seen twice is indexed once.
 
-    Per row only the writer's own functions run (classify, validate, the item encoding); the
-    rest is columnar (numpy): de-duplication, the key sort, the engine's cutting rule
-    (cut_bounds) and the per-ledger bitmaps, built from arrays.
+    Everything runs on whole columns: the writer's classifier (classify_columns: classify's rule
+    column-wise, classify itself for unusual rows), de-duplication, DelayedMessage.validate
+    (validate_columns), the key sort, the engine's cutting rule (cut_bounds), the item encoding
+    (encode_framed_columns: encode_framed's bytes) and the per-ledger bitmaps; the engine's
+    make_segment closes each segment.
     """
-    # The loop below allocates a few objects per row and keeps them all: the cyclic GC would
-    # rescan the growing heap again and again (~1.5 us/row measured); nothing here makes cycles.
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        return _build(table, config, opts, tombstones)
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-def _build(table: Any, config: BucketConfig, opts: ClassifyOptions, tombstones: LedgerBitmaps) -> BucketBuild:
     out = BucketBuild()
-    n = table.num_rows
-    out.rows = n
-    col = table.column
-    props = col("properties")
-    if isinstance(props, pa.ChunkedArray):
-        props = props.combine_chunks()
-    # One flat list of map keys and values and the per-row offsets: cheaper than a list of
-    # pairs per row.
-    pkeys, pvals = props.keys.to_pylist(), props.items.to_pylist()
-    poffs = props.offsets.to_pylist()
-    event_times = col("event_time").fill_null(0).to_pylist()
-    msgs: List[DelayedMessage] = []
-    for i, (ledger, entry, batch, partition, payload, key, event_time) in enumerate(zip(
-            col("ledger_id").to_pylist(), col("entry_id").to_pylist(), col("batch_index").to_pylist(),
-            col("partition").to_pylist(), col("payload").to_pylist(), col("key").to_pylist(), event_times)):
-        lo, hi = poffs[i], poffs[i + 1]
-        properties = {pkeys[lo]: pvals[lo]} if hi - lo == 1 else dict(zip(pkeys[lo:hi], pvals[lo:hi]))
-        res = classify_row(ledger, entry, batch, partition, payload, properties, key, event_time, opts)
-        if type(res) is DelayedMessage:
-            msgs.append(res)
-        elif isinstance(res, Cancel):
+    out.rows = table.num_rows
+    intake = classify_columns(table, opts.now_ms, opts.max_delay_ms, opts.allowed_target_prefixes)
+    for row, res in intake.others:
+        if isinstance(res, Cancel):
             out.cancels += 1
-        else:
-            out.invalid += 1
-            if len(out.invalid_examples) < MAX_EXAMPLES:
-                reason = res.reason if isinstance(res, Invalid) else repr(res)
-                out.invalid_examples.append(f"{ledger}:{entry}:{batch} (partition {partition}): {reason}")
-    if not msgs:
+            continue
+        out.invalid += 1
+        if len(out.invalid_examples) < MAX_EXAMPLES:
+            reason = res.reason if isinstance(res, Invalid) else repr(res)
+            ledger, entry, batch, partition = (table.column(c)[row].as_py() for c in
+                                               ("ledger_id", "entry_id", "batch_index", "partition"))
+            out.invalid_examples.append(f"{ledger}:{entry}:{batch} (partition {partition}): {reason}")
+    items = intake.items
+    k = len(items)
+    if not k:
         return out
-    k = len(msgs)
-    ledgers = np.fromiter((m.ledger_id for m in msgs), np.uint64, k)
-    ids = np.fromiter((m.entry_id for m in msgs), np.uint64, k)
+    ledgers = items.ledger.astype(np.uint64)
+    ids = items.index_id.astype(np.uint64)
     keep = np.ones(k, dtype=bool)
     if len(tombstones):
-        for j, m in enumerate(msgs):
-            if tombstones.contains(m.ledger_id, m.entry_id):
+        for j in np.flatnonzero(np.isin(ledgers, np.array(list(tombstones.ledgers()), dtype=np.uint64))).tolist():
+            if tombstones.contains(int(ledgers[j]), int(ids[j])):
                 keep[j] = False
         out.cancelled = int(k - keep.sum())
     # Duplicates: the first of equal positions stays (lexsort is stable).
@@ -132,17 +109,16 @@ def _build(table: Any, config: BucketConfig, opts: ClassifyOptions, tombstones: 
     if not len(chosen):
         return out
     _add_seen(out.seen, ledgers[chosen], ids[chosen])
-    kept = [msgs[j] for j in chosen.tolist()]
-    for m in kept:
-        m.validate()
-    ts = np.fromiter((release_ts(m.deliver_at, FRESH_FLOOR) for m in kept), np.uint64, len(kept))
+    validate_columns(items.take(chosen))
+    ts = release_ts_columns(items.deliver_at[chosen], FRESH_FLOOR)
     order = np.lexsort((ids[chosen], ledgers[chosen], ts))
-    ts, lids, iids = ts[order], ledgers[chosen][order], ids[chosen][order]
+    rows = chosen[order]
+    ts, lids, iids = ts[order], ledgers[rows], ids[rows]
+    data, offsets = encode_framed_columns(items.take(rows), ts)
     ts_list = ts.tolist()
-    ordered = [kept[j] for j in order.tolist()]
-    out.items = len(ordered)
+    out.items = len(rows)
     out.start_ledger, out.end_ledger = int(lids.min()), int(lids.max())
-    out.segments = [_segment(ordered, ts_list, lids, iids, s, e)
+    out.segments = [_segment(data[offsets[s]:offsets[e]].tobytes(), ts_list, lids, iids, s, e)
                     for s, e in cut_bounds(ts, config.time_step_ms,  # type: ignore[arg-type]  # numpy: indexes like a sequence
                                            config.delayed_delivery_max_indexes_per_bucket_snapshot_segment)]
     out.metadata = snapshot_metadata_bytes(out.segments)
@@ -178,9 +154,9 @@ def _add_seen(seen: LedgerBitmaps, ledgers: Any, ids: Any) -> None:
         seen.update_ledger_packed(ledger, _bitmap(_packed(lids)))
 
 
-def _segment(messages: List[DelayedMessage], ts: List[int], ledgers: Any, ids: Any, s: int, e: int) -> CutSegment:
-    """Segment [s, e) of the sorted items: encoded in one call (encode_segment), closed by the
-    engine's make_segment."""
+def _segment(data: bytes, ts: List[int], ledgers: Any, ids: Any, s: int, e: int) -> CutSegment:
+    """Segment [s, e) of the sorted items (`data`: their framed items), closed by the engine's
+    make_segment."""
     index_ids: Dict[int, Any] = {}
     entry_ids: Dict[int, BitMap] = {}
     packed_ids: Dict[int, BitMap] = {}
@@ -190,8 +166,7 @@ def _segment(messages: List[DelayedMessage], ts: List[int], ledgers: Any, ids: A
         packed_ids[ledger] = _bitmap(_packed(lids))  # = pack_bitmap(index ids), columnar
     first = (ts[s], int(ledgers[s]), int(ids[s]))
     last = (ts[e - 1], int(ledgers[e - 1]), int(ids[e - 1]))
-    return make_segment(encode_segment(messages[s:e], ts[s:e]), e - s, first, last, index_ids, entry_ids,
-                        packed_ids)
+    return make_segment(data, e - s, first, last, index_ids, entry_ids, packed_ids)
 
 
 def write_bucket(storage: BucketSnapshotStorage, bucket_id: int, build: BucketBuild, config: BucketConfig) -> int:
