@@ -23,8 +23,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
-from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX
 from ..bucket.metrics import LATENCY_BUCKETS_MS
+from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX
 from ..bucket.records import DelayedMessage, Release
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher, OutMessage
