@@ -373,3 +373,24 @@ def test_earlier_message_redelivered_after_later_ones_were_forwarded_is_forwarde
     got += drain(client, topics["sched"], "check", expect=1, timeout=1)  # a copy would show here
     assert [m.data() for m in got] == [f"m{i}".encode() for i in range(8)]
     assert service.metrics()["pulsar_delay_level_duplicates_total"] == 0
+
+
+def test_a_restart_after_a_cancel_starts_its_order_after_the_cancelled_position(env):
+    """A cancelled message is acked without a forward, so the publisher's recovery cannot know it
+    was handled: the forwarder records it before the ack. Without that record a restarted syncer
+    would wait forever for that (acked) position before forwarding what follows it."""
+    topics, client, producer = env.topics, env.client, env.producer
+    first = producer.send(b"a", delay_ms=2100)
+    cancelled = producer.send(b"b", delay_ms=2100)
+    producer.cancel(cancelled)
+    user = {"lookaheadMillis": 30_000, "partitionDiscoverySeconds": 0}  # due as soon as read
+    service = env.start(**user)
+    got = drain(client, topics["sched"], "check", expect=1, timeout=10)
+    assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancelled_total"] == 1, timeout=10)
+    service.stop()
+    assert (first.partition, cancelled.partition) == (0, 0)
+    producer.send(b"c", delay_ms=2100)
+    env.start(**user)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=10)
+    got += drain(client, topics["sched"], "check", expect=1, timeout=1)  # a copy would show here
+    assert [m.data() for m in got] == [b"a", b"c"]

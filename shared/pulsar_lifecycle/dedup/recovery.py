@@ -25,7 +25,10 @@ PRODUCER_PROPERTY = "__pl_producer__"
 SEQUENCE_PROPERTY = "__pl_seq__"
 # How long to wait for the rest of the last entry's batch once its first message was read.
 END_DRAIN_MS = 200
-READ_STALL_S = 5.0  # a replay that gets no message for this long (not at the end) restarts its reader
+# A replay that gets no message for READ_STALL_S (not at the end) restarts its reader; each
+# restart doubles the wait (1, 2, 4, 8, 16 s). It was 5 s flat: a syncer start waits for every
+# partition's replay, so one stalled reader made whole partitions 4-8 s late (issue 11).
+READ_STALL_S = 1.0
 MAX_READER_RESTARTS = 5
 
 
@@ -153,13 +156,13 @@ def read_tail(
                     f"topic {topic}: replay from {start} read {read} messages without reaching {end}; "
                     "raise recovery_max_messages"
                 )
-            wait_ms = END_DRAIN_MS if at_end else 1000
+            wait_ms = END_DRAIN_MS if at_end else 500
             try:
                 msg = reader.read_next(max(1, int(min(remaining * 1000, wait_ms))))
             except pulsar.Timeout:
                 if at_end:
                     break
-                if time.monotonic() - progress >= READ_STALL_S and restarts < MAX_READER_RESTARTS:
+                if time.monotonic() - progress >= READ_STALL_S * 2 ** restarts and restarts < MAX_READER_RESTARTS:
                     # pulsar-lite can leave a reader without messages after it dropped the
                     # connection (a protocol error on another command): a new reader, from the
                     # last message read (re-reading it is harmless), gets them.

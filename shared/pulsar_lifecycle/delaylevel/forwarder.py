@@ -246,14 +246,15 @@ class PartitionForwarder:
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
         (OrderGate), or, a copy of a position handled before, acked without a forward."""
-        mid = msg.message_id()
+        mid = msg.message_id()  # read once: each accessor is a call into the client
+        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
         if self._watchdog is not None:
-            self._watchdog.seen(mid.ledger_id(), mid.entry_id())
+            self._watchdog.seen(ledger, entry)
         gate = self._gate
         if gate is None:
             self._hold(msg)
             return
-        pos = position_of(mid)
+        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
         if gate.handled(pos):
             # Handled before, so never forwarded again. Acked only when that is confirmed;
             # otherwise its original is held or in flight and is acked with it (same id).
@@ -269,6 +270,14 @@ class PartitionForwarder:
         if len(gate) and not waiting:
             self._next_probe = 0.0  # a gap opened: ask a Reader right away
             self._gap_since = time.monotonic()
+        elif waiting and not len(gate):
+            self._gap_closed()  # the missing message came
+
+    def _gap_closed(self) -> None:
+        if self._probe_interval > GAP_PROBE_MIN_S:  # a Reader found it missing: say how long it took
+            log.info("event=delay_level_partition_gap_filled partition=%s frontier=%s waited_s=%.1f", self.topic,
+                     self._gate.frontier if self._gate is not None else None, time.monotonic() - self._gap_since)
+        self._probe_interval = GAP_PROBE_MIN_S
 
     def _forget_waiting(self) -> None:
         if self._gate is not None:
@@ -288,7 +297,7 @@ class PartitionForwarder:
         for m in admitted:
             self._hold(m)
         if not len(gate):
-            self._probe_interval = GAP_PROBE_MIN_S
+            self._gap_closed()
             return
         self._next_probe = now + self._probe_interval
         self._probe_interval = min(GAP_PROBE_MAX_S, 2 * self._probe_interval)
