@@ -86,8 +86,8 @@ class MessageRef:
 
     def format(self) -> str:
         """`__pl_origin_msg_id__` form: "<ledgerId>:<entryId>:<partition>[:<batchIndex>]"."""
-        base = f"{int(self.ledger_id)}:{int(self.entry_id)}:{int(self.partition)}"
-        return f"{base}:{int(self.batch_index)}" if self.batch_index >= 0 else base
+        return format_origin_msg_id(int(self.ledger_id), int(self.entry_id), int(self.partition),
+                                    int(self.batch_index))
 
     def format_cancel(self) -> str:
         """`__pl_cancel__` form: "<ledgerId>:<entryId>[:<batchIndex>]" (no partition)."""
@@ -144,8 +144,11 @@ def format_message_ref(ledger_id: int, entry_id: int, batch_index: int) -> str:
 
 
 def format_origin_msg_id(ledger_id: int, entry_id: int, partition: int, batch_index: int = -1) -> str:
-    """`__pl_origin_msg_id__` value of a released message (see MessageRef.format)."""
-    return MessageRef(ledger_id, entry_id, partition, batch_index).format()
+    """`__pl_origin_msg_id__` value of a released message (MessageRef.format; formatted here
+    without building a MessageRef: the writer's release path calls it once per message)."""
+    if batch_index >= 0:
+        return f"{ledger_id}:{entry_id}:{partition}:{batch_index}"
+    return f"{ledger_id}:{entry_id}:{partition}"
 
 
 def parse_origin_msg_id(value: str) -> Tuple[int, int, int]:

@@ -96,3 +96,27 @@ def test_runtime_input_is_not_paused_where_the_context_has_no_consumers():
     ri = RuntimeInput(object(), f"{NS}/t")
     assert ri.pause() is False and ri.paused is False
     ri.hand_back()  # nothing to hand back: no error
+
+
+def test_close_leaves_every_handed_over_batch_acked_on_the_broker(broker, unique):
+    """The acks run on the acker thread and receiving on a thread of its own: close() still acks
+    everything the intake handed over before the consumer goes, so nothing comes back."""
+    topic, sub, n = f"{NS}/wic-ack-{unique}", "writer", 2000
+    client = quiet_client(broker.service_url)
+    try:
+        client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared,
+                         initial_position=pulsar.InitialPosition.Earliest).close()
+        _entries(client, topic, n)
+        source = SchedulingConsumer(client, _sub(topic, sub), watchdog=False)
+        try:
+            got = _take_all(source, {b"m%d" % i for i in range(n)}, timeout_s=15)
+        finally:
+            source.close()
+        assert len(got) == n
+        again = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared,
+                                 initial_position=pulsar.InitialPosition.Earliest)
+        with pytest.raises(pulsar.Timeout):
+            again.receive(timeout_millis=1000)
+        again.close()
+    finally:
+        client.close()

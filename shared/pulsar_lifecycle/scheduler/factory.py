@@ -19,11 +19,8 @@ from ..bucket.storage.directory_lease import DirectoryLease
 from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper
 from ..config.settings import ConfigError
 from ..dedup.publisher import DedupPublisher, normalize_topic
-from ..deletion.service import LedgerDeletionService
-from ..deletion.topics import DeletionTopics
 from ..partition_assignment import PartitionAssignment, partition_label
 from ..runtime.context_api import num_instances, pulsar_client
-from ..timing import DelayedProducer
 from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
@@ -32,7 +29,6 @@ from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
-from .snapshot_deletion import TwoPhaseSnapshotDeleter
 
 log = logging.getLogger(__name__)
 
@@ -207,6 +203,13 @@ def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) ->
     """None (engine deletes directly) or the two-phase deletion hand-off."""
     if cfg.snapshot_deletion != "two-phase":
         return None
+    # Imported here: the deletion service pulls in requests and the admin client (~0.1 s of every
+    # writer start), and only snapshotDeletion=two-phase uses it.
+    from ..deletion.service import LedgerDeletionService
+    from ..deletion.topics import DeletionTopics
+    from ..timing import DelayedProducer
+    from .snapshot_deletion import TwoPhaseSnapshotDeleter
+
     client = pulsar_client(context)
     topics = DeletionTopics(namespace=cfg.snapshot_deletion_namespace, topic_name=cfg.snapshot_deletion_topic_name,
                             parallelism=cfg.snapshot_deletion_parallelism)

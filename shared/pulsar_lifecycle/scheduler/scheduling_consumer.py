@@ -11,6 +11,8 @@ first message starts a fresh deployment (its runtime consumer is then paused: ru
 
 A crash before the acks leaves the batch unacked on the subscription; it is redelivered and the
 index drops what it already holds (duplicates by position), so nothing is lost or indexed twice.
+The acks of a durable batch run on a thread of their own (acker.py), so the intake thread takes
+the next batch meanwhile.
 
 A stall watchdog (pulsar_lifecycle.stall_watchdog) re-subscribes the consumer when it is idle
 while the topic holds messages beyond the last one it received: on pulsar-lite a consumer killed
@@ -27,6 +29,7 @@ import pulsar
 
 from ..clock import wall_clock_ms
 from ..stall_watchdog import StallWatchdog
+from .acker import BackgroundAcker
 from .intake import classify
 from .service import IntakeBatch, Pending
 
@@ -64,6 +67,7 @@ class SchedulingConsumer:
         self._client = client
         queue = max(MIN_RECEIVER_QUEUE, 2 * sub.batch_size)
         self._consumer = self._subscribe(queue)
+        self._acker = BackgroundAcker(f"bucket-ack-{sub.topic.rsplit('/', 1)[-1]}")
         self.watchdog: Optional[StallWatchdog] = (
             StallWatchdog(sub.topic, self._subscribe, queue, before_resubscribe) if watchdog else None)
 
@@ -85,14 +89,15 @@ class SchedulingConsumer:
 
     def take(self) -> Optional[IntakeBatch]:
         """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
+        self._acker.raise_if_failed()
         msgs = self._consumer.batch_receive()
         if not msgs:
             # Idle: block on one message instead of polling batch_receive every few ms.
             try:
                 first = self._consumer.receive(timeout_millis=IDLE_WAIT_MS)
             except pulsar.Timeout:
-                # Idle, and everything received is acked: the moment to look for a stall.
-                if self.watchdog is not None:
+                # Idle, and once everything received is acked: the moment to look for a stall.
+                if self.watchdog is not None and self._acker.idle:
                     new = self.watchdog.check(self._consumer)
                     if new is not None:
                         self._consumer = new
@@ -105,8 +110,7 @@ class SchedulingConsumer:
             self.watchdog.flowing()
 
         def ack() -> None:
-            for m in msgs:
-                consumer.acknowledge(m)
+            self._acker.submit(consumer, msgs)
         return IntakeBatch(items, ack)
 
     def _pending(self, msg: pulsar.Message, now: int) -> Pending:
@@ -126,7 +130,9 @@ class SchedulingConsumer:
         return Pending(item, None, payload, props)
 
     def close(self) -> None:
-        """Close the consumer; what it received but did not ack is redelivered."""
+        """Ack what was handed to the acker, then close the consumer; what it received but did not
+        ack is redelivered."""
+        self._acker.close()
         try:
             self._consumer.close()
         except Exception as exc:  # closing during a broker outage must not hide the real error

@@ -20,7 +20,7 @@ from pulsar_lifecycle.bucket import (
     NotRecoveredError,
     StorageError,
 )
-from pulsar_lifecycle.bucket.engine import HORIZON_SLACK_MS
+from pulsar_lifecycle.bucket.engine import HORIZON_SLACK_MS, RECENT_WINDOW_MS
 from pulsar_lifecycle.bucket.keys import parse_bucket_key
 
 
@@ -486,6 +486,29 @@ def test_loaded_indexes_stay_bounded():
         released += len(ix.pop_due(now, 100_000))
         assert ix.stats().loaded <= bound
     assert released == total
+
+
+def test_messages_kept_for_release_equal_the_journaled_ones_and_stay_bounded():
+    """add() keeps near-term messages so pop_due need not decode them (RECENT_WINDOW_MS); what is
+    released must be exactly what a restart decodes from storage, through the mutable bucket and
+    through sealed buckets, and at most maxUnackedPerBucket messages are kept."""
+    st = MemorySnapshotStorage()
+    now = 1_000_000
+    ix = new_index(st, clock=lambda: now, **SMALL)
+    soon, later = now + 10, now + RECENT_WINDOW_MS + 1_000
+    msgs = [msg(1 + e // 7, e, soon if e % 3 else later, payload=b"p%d" % e, partition=e % 2 - 1,
+                key=None if e % 4 else f"k{e}", properties={"a": str(e), "b": "x"} if e % 2 else {},
+                event_time=e % 5, target=f"persistent://t/n/o{e}" if e % 6 == 0 else None) for e in range(40)]
+    ix.add(msgs[:5])
+    assert 0 < len(ix._recent) <= 4  # near-term ones only
+    ix.add(msgs[5:])
+    assert len(ix._recent) <= 10  # maxUnackedPerBucket
+    got = drain(ix)
+    assert not ix._recent and ix.stats().immutable_buckets >= 1
+    decoded = drain(new_index(st, **SMALL))  # nothing committed: all released again, from storage
+    assert len(got) == len(decoded) == 40
+    assert [(r.seq, r.key, r.release_ts, r.cancelled, r.message) for r in got] == \
+        [(r.seq, r.key, r.release_ts, r.cancelled, r.message) for r in decoded]
 
 
 # -- threads -------------------------------------------------------------------------------------
