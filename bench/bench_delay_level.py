@@ -120,10 +120,15 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
                                           block_if_queue_full=True, max_pending_messages=1000,
                                           compression_type=pulsar.CompressionType.LZ4)
         got = 0
+        last_progress = time.monotonic()
         while got < per_topic:
             msgs = consumer.batch_receive()
             if not msgs:
+                if time.monotonic() - last_progress > 60:  # a pulsar-lite stall: report, do not hang the lock
+                    print(f"    PIPE STALL: {topic}: {got} of {per_topic} after 60 s without a message")
+                    break
                 continue
+            last_progress = time.monotonic()
             for m in msgs:
                 producer.send_async(m.data(), None, properties=m.properties(), partition_key=m.partition_key() or None)
             producer.flush()
@@ -145,10 +150,11 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
-                partitions: int, batch: int, pipeline_depth: int = 0) -> float:
+                partitions: int, batch: int, pipeline_depth: int = 0, snapshot_interval: int = 1000) -> float:
     # The same receiver queue (1000) and batch size as the pipe.
     cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
-                        receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth)
+                        receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth,
+                        dedupSnapshotInterval=snapshot_interval)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
@@ -174,7 +180,8 @@ def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state:
     return n / dt
 
 
-def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0) -> None:
+def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0,
+                  snapshot_interval: int = 1000) -> None:
     unit_s = 1
     strategy = DelayLevelTopicPartitionStrategy(unit_s * (partitions + 1), PartitionBy.SECONDS, unit_seconds=unit_s)
     # Delays that put n/partitions messages in each partition; all due a few seconds later.
@@ -193,7 +200,7 @@ def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth
                     rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
                 else:
                     rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
-                                                   partitions, batch, pipeline_depth))
+                                                   partitions, batch, pipeline_depth, snapshot_interval))
                 print(f"    run {run + 1} {kind}: {rates[kind][-1]:,.0f} msg/s")
         client.close()
     p, s = statistics.median(rates["pipe"]), statistics.median(rates["syncer"])
@@ -338,6 +345,8 @@ def main() -> None:
     b.add_argument("--batch", type=int, default=500)
     b.add_argument("--pipeline-depth", type=int, default=1,
                    help="the syncer's forwardPipelineDepth (0: send, confirm, ack)")
+    b.add_argument("--snapshot-interval", type=int, default=1000,
+                   help="the syncer's dedupSnapshotInterval (forwards per snapshot and its two fsyncs)")
     bc = sub.add_parser("forward-cost")
     bc.add_argument("--messages", type=int, default=10_000)
     c = sub.add_parser("rss")
@@ -351,8 +360,8 @@ def main() -> None:
     if args.cmd == "index":
         bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
     elif args.cmd == "forward":
-        print(f"    forwardPipelineDepth {args.pipeline_depth}")
-        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth)
+        print(f"    forwardPipelineDepth {args.pipeline_depth}, dedupSnapshotInterval {args.snapshot_interval}")
+        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth, args.snapshot_interval)
     elif args.cmd == "forward-cost":
         bench_forward_cost(args.messages)
     elif args.cmd == "rss":
