@@ -234,28 +234,32 @@ def executor_cpu(work: Path, rows: int) -> None:
 
 def spark_plan_only(spark: Any, export: Path, config: BucketConfig) -> Dict[str, Any]:
     """Spark's side of the seed alone: the same read, broadcast join of ledger -> bucket and
-    groupBy(bucket).applyInArrow, with a function that only counts its rows (no classify,
-    encode or writes); wall seconds and CPU of all Spark processes."""
+    partition key, repartition and mapInArrow, with a function that only counts its rows (no
+    classify, encode or writes); wall seconds and CPU of all Spark processes."""
     from pyspark.sql import functions as F
 
     from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
-    from pulsar_lifecycle.spark.seed import ROW_COLUMNS, read_backlog
+    from pulsar_lifecycle.spark.seed import MAX_PARTITIONS, ROW_COLUMNS, partition_keys, place_buckets, read_backlog
 
     df = read_backlog(spark, [str(export)])
     counts = sorted((int(r["ledger_id"]), int(r["n"]))
                     for r in df.groupBy("ledger_id").agg(F.count("*").alias("n")).collect())
     plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket,
                                config.delayed_delivery_max_num_buckets)
-    ledger_bucket = [(ledger, next(i for i, (_, end, _) in enumerate(plan) if ledger <= end)) for ledger, _ in counts]
-    ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
-    spark.conf.set("spark.sql.shuffle.partitions", str(min(len(plan), 4 * spark.sparkContext.defaultParallelism)))
+    partitions = min(len(plan), MAX_PARTITIONS)
+    place, keys = place_buckets([c for _, _, c in plan], partitions), partition_keys(spark, partitions)
+    ledger_bucket = []
+    for ledger, _ in counts:
+        no = next(i for i, (_, end, _) in enumerate(plan) if ledger <= end)
+        ledger_bucket.append((ledger, no, keys[place[no]]))
+    ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int, part_key long")
 
-    def count_rows(table: Any) -> Any:
-        return pa.table({"n": pa.array([table.num_rows], pa.int64())})
+    def count_rows(batches: Any) -> Any:
+        yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
 
     cpu0, t0 = tree_cpu_s(os.getpid()), time.monotonic()
-    out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id").groupBy("bucket_no")
-           .applyInArrow(count_rows, "n long").collect())
+    out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id").repartition(partitions, "part_key")
+           .select(*ROW_COLUMNS, "bucket_no").mapInArrow(count_rows, "n long").collect())
     return {"seconds": round(time.monotonic() - t0, 1), "rows": sum(r["n"] for r in out),
             "cpu_s": round(tree_cpu_s(os.getpid()) - cpu0, 1)}
 
@@ -272,13 +276,14 @@ def main() -> None:
     ap.add_argument("--workdir", default="/tmp/pl-bench-spark-seed")
     ap.add_argument("--skip-writer", action="store_true")
     ap.add_argument("--keep", action="store_true", help="Keep the work directory.")
+    ap.add_argument("--shuffle", action="store_true", help="Seed through Spark's shuffle (no direct row-group reads).")
     ap.add_argument("--seed-only", action="store_true", help="Only generate and seed (no verify, baseline, writer).")
     ap.add_argument("--skip-verify", action="store_true")
     ap.add_argument("--executor-rows", type=int, default=0,
                     help="Only time the executor side (seeding.build_bucket) on one bucket of this many rows, "
                          "in this process, in CPU time (3 runs).")
     ap.add_argument("--spark-only", action="store_true",
-                    help="Only time Spark's side of the seed plan (read, join, groupBy + applyInArrow counting rows).")
+                    help="Only time Spark's side of the seed plan (read, join, repartition + mapInArrow counting rows).")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
@@ -309,13 +314,16 @@ def main() -> None:
         return
     cpu0 = tree_cpu_s(os.getpid())
     with JobProgress(spark, "seed") as progress:
-        seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress)
+        seed = run_seed(spark, [str(work / "export")], str(work / "seeded"), config, opts, progress=progress,
+                        direct=not args.shuffle)
     results["seed_cpu_s"] = round(tree_cpu_s(os.getpid()) - cpu0, 1)
     results["seed_phases_s"] = progress.summary()["phases_s"]
     results["seed"] = {"seconds": seed.seconds, "rows_per_s": seed.rows_per_s, "buckets": seed.buckets,
-                       "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold}
+                       "segments": seed.segments, "items": seed.items, "threshold": seed.planned_threshold,
+                       "path": seed.path, "read_amplification": seed.read_amplification}
     print(f"seed: {seed.rows:,} rows -> {seed.buckets} buckets, {seed.segments:,} segments in {seed.seconds} s "
-          f"= {seed.rows_per_s:,.0f} rows/s; CPU of all Spark processes {results['seed_cpu_s']} s", flush=True)
+          f"= {seed.rows_per_s:,.0f} rows/s ({seed.path} path); CPU of all Spark processes {results['seed_cpu_s']} s",
+          flush=True)
     if args.seed_only:
         spark.stop()
         print(json.dumps(results, indent=2))

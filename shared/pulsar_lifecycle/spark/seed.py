@@ -4,19 +4,21 @@ Driver: check the store is empty (no manifest, cursor or journal; a crashed seed
 snapshots are removed, as the writer's recovery would), count rows per ledger, plan buckets over
 whole-ledger ranges with the engine's seal rule and the bucket-count limit (bucket/sealing.py),
 collect the cancel requests (few) into tombstones, reserve one bucket id per planned bucket.
-Executors (groupBy(bucket).applyInArrow: the rows reach Python as Arrow columns): classify, order, cut
-and write one bucket each through the storage interface (seeding.py). Driver again: the
+Executors (repartition by a placement key + mapInArrow: the rows reach Python as Arrow batches, no
+sort in the JVM; each task holds the buckets placed on its partition, normally one): classify,
+order, cut and write each bucket through the storage interface (seeding.py). Driver again: the
 manifest from the executors' small per-bucket results, written last and atomically: until then
 a writer would see an empty store and delete the new snapshots as orphans.
 """
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..bucket.bitmap import LedgerBitmaps
 from ..bucket.codec import Manifest, ReleaseCursor, parse
@@ -31,6 +33,7 @@ from ..scheduling_protocol import CANCEL_PROP
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
 from .progress import JobProgress
+from .seed_direct import MAX_READ_AMPLIFICATION, SeedTask, plan_tasks, read_amplification, read_task, row_groups
 from .seeding import build_bucket, tombstones_of, write_bucket
 from .store import exclusive, open_store
 
@@ -41,6 +44,7 @@ RESULT_DDL = ("bucket_no int, bucket_id long, bucket_key string, start_ledger lo
               "snapshot_length long, index_count long, segments int, min_ts long, max_ts long, seen binary, "
               "rows long, duplicates long, cancelled long, cancels long, invalid long, invalid_examples string")
 MAX_CANCELS_ON_DRIVER = 5_000_000
+MAX_PARTITIONS = 2000  # more buckets than this share partitions (balanced by rows)
 AVRO_FORMAT = "org.apache.spark.sql.avro.AvroFileFormat"  # built into Spark 4 without the spark-avro module
 
 
@@ -65,6 +69,8 @@ class SeedReport:
     index_id: str = ""
     seconds: float = 0.0
     rows_per_s: float = 0.0
+    path: str = "shuffle"  # "direct": executors read their row groups (seed_direct.py)
+    read_amplification: float = 0.0  # rows the direct path's tasks would read / rows there are
 
     def to_json(self) -> str:
         """The report as JSON text."""
@@ -100,18 +106,18 @@ def check_empty(storage: BucketSnapshotStorage, url: str) -> None:
         storage.delete(bid)
 
 
-def bind_group(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
-    """`fn` with its leading arguments bound, as a plain function for applyInArrow (which wants
-    a function, not a partial); Spark pickles `fn` by reference, `args` by value."""
+def bind_tasks(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
+    """`fn` with its leading arguments bound, as a plain function for mapInArrow (which wants a
+    function, not a partial); Spark pickles `fn` by reference, `args` by value."""
 
-    def run(table: Any) -> Any:
-        return fn(*args, table)
+    def run(batches: Any) -> Any:
+        return fn(*args, batches)
 
     return run
 
 
 def result_schema() -> Any:
-    """The Arrow schema of seed_group's one-row result (RESULT_DDL)."""
+    """The Arrow schema of seed_partition's results (RESULT_DDL)."""
     import pyarrow as pa  # executor side; pyarrow comes with the spark extra
 
     types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "binary": pa.binary()}
@@ -119,14 +125,51 @@ def result_schema() -> Any:
                       (col.strip().split() for col in RESULT_DDL.split(","))])
 
 
-def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tombstones: Dict[int, bytes],
-               table: Any) -> Any:
-    """The applyInArrow function (see bind_group): one group (a pyarrow Table) = one planned
-    bucket, built and written here."""
+def seed_partition(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions,
+                   tombstones: Dict[int, bytes], batches: Iterator[Any]) -> Iterator[Any]:
+    """The mapInArrow function (see bind_tasks): the Arrow batches of one partition, which holds
+    every row of the buckets placed on it (column bucket_no); each bucket is built and written
+    here, one result row per bucket."""
     import pyarrow as pa  # executor side; pyarrow comes with the spark extra
 
-    bucket_no = table.column("bucket_no")[0].as_py()
-    tomb = LedgerBitmaps.from_proto_map(tombstones, "tombstones")
+    parts = [b for b in batches if b.num_rows]
+    if not parts:
+        return
+    table = pa.Table.from_batches(parts)
+    del parts
+    rows = seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
+    yield pa.RecordBatch.from_pylist(rows, schema=result_schema())
+
+
+def seed_direct_task(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions,
+                     tombstones: Dict[int, bytes], task: SeedTask) -> List[Dict[str, Any]]:
+    """The flatMap function of the direct path (see bind_tasks): read the task's row groups,
+    build and write its buckets; one result per bucket."""
+    table = read_task(task, ROW_COLUMNS)
+    if table is None:
+        return []
+    return seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
+
+
+def seed_table(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
+               table: Any) -> List[Dict[str, Any]]:
+    """Build and write every bucket whose rows `table` holds (column bucket_no says which);
+    their result rows."""
+    import numpy as np  # executor side; numpy comes with the spark extra
+
+    buckets = np.asarray(table.column("bucket_no").combine_chunks(), dtype=np.int64)
+    if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
+        return [_seed_bucket(url, first_id, config, opts, tomb, int(buckets[0]), table)]
+    order = np.argsort(buckets, kind="stable")
+    uniq, starts = np.unique(buckets[order], return_index=True)
+    ends = list(starts[1:]) + [len(order)]
+    return [_seed_bucket(url, first_id, config, opts, tomb, bucket_no, table.take(order[a:b]))
+            for bucket_no, a, b in zip(uniq.tolist(), starts.tolist(), ends)]
+
+
+def _seed_bucket(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
+                 bucket_no: int, table: Any) -> Dict[str, Any]:
+    """Build and write planned bucket `bucket_no` from its rows; its result row."""
     build = build_bucket(table, config, opts, tomb)
     bucket_id = first_id + bucket_no
     length = 0
@@ -139,7 +182,7 @@ def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOpti
     seen = Manifest()
     for ledger, data in build.seen.to_proto_map().items():
         seen.seen[ledger] = data
-    return pa.Table.from_pylist([{
+    return {
         "bucket_no": bucket_no, "bucket_id": bucket_id if build.items else 0,
         "bucket_key": build.key if build.items else "",
         "start_ledger": build.start_ledger, "end_ledger": build.end_ledger, "snapshot_length": length,
@@ -149,13 +192,45 @@ def seed_group(url: str, first_id: int, config: BucketConfig, opts: ClassifyOpti
         "seen": seen.SerializeToString(), "rows": build.rows, "duplicates": build.duplicates,
         "cancelled": build.cancelled, "cancels": build.cancels, "invalid": build.invalid,
         "invalid_examples": json.dumps(build.invalid_examples),
-    }], schema=result_schema())
+    }
+
+
+def place_buckets(sizes: Sequence[int], partitions: int) -> List[int]:
+    """The partition of each bucket: bucket i on partition i when there are enough partitions,
+    else the largest buckets first, each on the partition with the fewest rows so far."""
+    if len(sizes) <= partitions:
+        return list(range(len(sizes)))
+    load = [(0, p) for p in range(partitions)]
+    heapq.heapify(load)
+    out = [0] * len(sizes)
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        rows, p = heapq.heappop(load)
+        out[i] = p
+        heapq.heappush(load, (rows + sizes[i], p))
+    return out
+
+
+def partition_keys(spark: Any, partitions: int) -> List[int]:
+    """For each partition p a long key that `repartition(partitions, key)` sends to p: Spark's
+    hash partitioning is pmod(hash(key), partitions) (Murmur3, seed 42; F.hash computes the same),
+    so the keys are looked up among small numbers with Spark itself. Only the balance of the
+    tasks depends on it: any placement gives the same result (each task groups its rows)."""
+    from pyspark.sql import functions as F  # optional dependency
+
+    found: Dict[int, int] = {}
+    span = 64 * partitions
+    while len(found) < partitions and span <= 1 << 24:
+        for r in spark.range(0, span, 1, 1).select("id", F.expr(f"pmod(hash(id), {partitions})").alias("p")).collect():
+            found.setdefault(int(r["p"]), int(r["id"]))
+        span *= 16
+    return [found.get(p, p) for p in range(partitions)]
 
 
 def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, opts: ClassifyOptions, *,
-             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress) -> SeedReport:
+             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress, direct: bool = True) -> SeedReport:
     """Seed the (empty) store at `url` from backlog files; returns the report. `max_buckets` > 0
-    lowers the bucket-count limit below config.delayed_delivery_max_num_buckets."""
+    lowers the bucket-count limit below config.delayed_delivery_max_num_buckets. `direct`:
+    let executors read their row groups when that pays (seed_direct.py); else Spark shuffles."""
     from pyspark.sql import functions as F  # optional dependency: only this job needs it
 
     t0 = time.monotonic()
@@ -186,19 +261,15 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 report.seconds = round(time.monotonic() - t0, 3)
                 return report
             first = storage.reserve_bucket_ids(len(plan))
-            ledger_bucket, no = [], 0
-            for ledger, _ in sorted(counts):  # plan is in ledger order and covers every counted ledger
-                while ledger > plan[no][1]:
-                    no += 1
-                ledger_bucket.append((ledger, no))
-            ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int")
             progress.phase("build and write buckets")
             progress.expect_rows(sum(c for _, c in counts))
-            spark.conf.set("spark.sql.shuffle.partitions", str(max(1, min(len(plan), 4 * spark.sparkContext.defaultParallelism))))
-            out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
-                   .groupBy("bucket_no").applyInArrow(bind_group(seed_group, url, first, config, opts, tomb.to_proto_map()),
-                                                       RESULT_DDL))
-            results = sorted(out.collect(), key=lambda r: r["bucket_no"])
+            tasks = _direct_tasks(spark, inputs, fmt, plan, report) if direct else None
+            if tasks is not None:
+                results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
+                                 .flatMap(bind_tasks(seed_direct_task, url, first, config, opts, tomb.to_proto_map()))
+                                 .collect(), key=lambda r: r["bucket_no"])
+            else:
+                results = _shuffle_seed(spark, df, url, first, config, opts, tomb, plan, counts)
             progress.phase("manifest")
             refs, seen = [], {}
             for r in results:
@@ -228,6 +299,47 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
     log.info("event=seed_done store=%s rows=%d items=%d buckets=%d segments=%d seconds=%.1f",
              url, report.rows, report.items, report.buckets, report.segments, report.seconds)
     return report
+
+
+def _shuffle_seed(spark: Any, df: Any, url: str, first: int, config: BucketConfig, opts: ClassifyOptions,
+                  tomb: LedgerBitmaps, plan: Sequence[Tuple[int, int, int]],
+                  counts: Sequence[Tuple[int, int]]) -> List[Any]:
+    """The buckets built from rows Spark shuffles to them: one partition per bucket (up to
+    MAX_PARTITIONS); a task builds its buckets from rows handed over unsorted, so the JVM only
+    shuffles (no sort, no grouping). The result rows, in bucket order."""
+    from pyspark.sql import functions as F  # optional dependency: only this job needs it
+
+    partitions = min(len(plan), MAX_PARTITIONS)
+    place = place_buckets([c for _, _, c in plan], partitions)
+    keys = partition_keys(spark, partitions)
+    ledger_bucket, no = [], 0
+    for ledger, _ in sorted(counts):  # plan is in ledger order and covers every counted ledger
+        while ledger > plan[no][1]:
+            no += 1
+        ledger_bucket.append((ledger, no, keys[place[no]]))
+    ldf = spark.createDataFrame(ledger_bucket, "ledger_id long, bucket_no int, part_key long")
+    out = (df.select(*ROW_COLUMNS).join(F.broadcast(ldf), "ledger_id")
+           .repartition(partitions, "part_key").select(*ROW_COLUMNS, "bucket_no")
+           .mapInArrow(bind_tasks(seed_partition, url, first, config, opts, tomb.to_proto_map()), RESULT_DDL))
+    return sorted(out.collect(), key=lambda r: r["bucket_no"])
+
+
+def _direct_tasks(spark: Any, inputs: Sequence[str], fmt: str, plan: Sequence[Tuple[int, int, int]],
+                  report: "SeedReport") -> Optional[List[SeedTask]]:
+    """The direct path's tasks (seed_direct.py), or None when it does not pay or cannot read the inputs."""
+    if fmt != "parquet":
+        return None
+    groups = row_groups(inputs)
+    if groups is None:
+        return None
+    tasks = plan_tasks(plan, groups, spark.sparkContext.defaultParallelism)
+    amplification = read_amplification(tasks, groups)
+    report.read_amplification = round(amplification, 2)
+    if amplification > MAX_READ_AMPLIFICATION:
+        log.info("event=seed_direct_skipped read_amplification=%.2f", amplification)
+        return None
+    report.path = "direct"
+    return tasks
 
 
 def _claim_index(storage: BucketSnapshotStorage, clock: Clock = wall_clock_ms) -> str:

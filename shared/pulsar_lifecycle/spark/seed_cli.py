@@ -31,9 +31,12 @@ def writer_options(f):  # type: ignore[no-untyped-def]
 @click.option("--report", "report_path", type=click.Path(dir_okay=False), default=None, help="Write the JSON report here.")
 @click.option("--allow-invalid", is_flag=True, help="Exit 0 even when rows the writer would refuse were skipped.")
 @click.option("--quiet", is_flag=True, help="No progress display.")
+@click.option("--shuffle", is_flag=True,
+              help="Always move the rows through Spark's shuffle; by default executors read the Parquet row groups "
+                   "of their own ledgers directly when the export is ordered enough (docs/spark.md).")
 def seed(inputs: Tuple[str, ...], store: str, function_config_file: Optional[str], user_config: Optional[str],
          master: Optional[str], input_format: str, max_buckets: int, report_path: Optional[str],
-         allow_invalid: bool, quiet: bool) -> None:
+         allow_invalid: bool, quiet: bool, shuffle: bool) -> None:
     """Build a new writer's bucket snapshots from exported backlog files, on Spark.
 
     The store must be new (no manifest, cursor or journal). Buckets cover whole ledgers, cut by
@@ -59,14 +62,14 @@ def seed(inputs: Tuple[str, ...], store: str, function_config_file: Optional[str
         spark = get_spark(master, "pulsar-lifecycle seed")
         with JobProgress(spark, "seed", enabled=not quiet) as progress:
             report = run_seed(spark, list(inputs), store, config, opts, fmt=input_format,
-                              max_buckets=max_buckets, progress=progress)
+                              max_buckets=max_buckets, progress=progress, direct=not shuffle)
         return report
 
     report = run_job(job)
     if report_path:
         Path(report_path).write_text(report.to_json())
     click.echo(f"seeded {store}: {report.items:,} items in {report.buckets} buckets ({report.segments} segments) "
-               f"from {report.rows:,} rows in {report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s); "
+               f"from {report.rows:,} rows in {report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s, {report.path} path); "
                f"duplicates {report.duplicates}, cancelled {report.cancelled} "
                f"({report.cancel_requests} cancel requests, {report.tombstones} tombstones), invalid {report.invalid}")
     for example in report.invalid_examples:

@@ -112,7 +112,7 @@ class VerifyReport:
 
 
 def bind(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
-    """`fn` with leading arguments bound, as a plain function for mapInPandas (see seed.bind_group)."""
+    """`fn` with leading arguments bound, as a plain function for mapInPandas (see seed.bind_tasks)."""
 
     def run(batches: Any) -> Any:
         return fn(*args, batches)

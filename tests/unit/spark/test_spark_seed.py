@@ -11,10 +11,11 @@ from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
 from pulsar_lifecycle.scheduler.intake import Cancel
 from pulsar_lifecycle.scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP
+from pulsar_lifecycle.spark import seed
 from pulsar_lifecycle.spark.backlog import ClassifyOptions, as_properties, classify_row, external_position
 from pulsar_lifecycle.spark.errors import SparkJobError
 from pulsar_lifecycle.spark.progress import JobProgress
-from pulsar_lifecycle.spark.seed import run_seed
+from pulsar_lifecycle.spark.seed import partition_keys, place_buckets, run_seed
 from support.spark_fixtures import backlog_rows, write_backlog
 
 BASE = 1_800_000_000_000
@@ -41,6 +42,23 @@ def test_plan_follows_the_seal_rule_and_the_bucket_limit() -> None:
     assert plan_ledger_buckets([(7, 1000)], 10, 4) == [(7, 7, 1000)]  # a ledger is never split
     with pytest.raises(ValueError, match="listed twice"):
         plan_ledger_buckets([(1, 2), (1, 3)], 10, 4)
+
+
+def test_place_buckets_balances_rows_when_buckets_share_partitions() -> None:
+    assert place_buckets([5, 5, 5], 8) == [0, 1, 2]
+    place = place_buckets([10, 1, 1, 9, 2, 3], 2)
+    loads = [sum(s for s, p in zip([10, 1, 1, 9, 2, 3], place) if p == q) for q in range(2)]
+    assert sorted(loads) == [13, 13]
+
+
+@pytest.mark.spark
+def test_partition_keys_land_on_their_partitions(spark) -> None:
+    from pyspark.sql import functions as F
+
+    keys = partition_keys(spark, 7)
+    df = spark.createDataFrame([(k, p) for p, k in enumerate(keys)], "k long, p int").repartition(7, "k")
+    assert {(r["p"], r["pid"]) for r in df.select("p", F.spark_partition_id().alias("pid")).collect()} == \
+        {(p, p) for p in range(7)}
 
 
 def test_external_positions_are_out_of_bookkeepers_range() -> None:
@@ -86,11 +104,17 @@ def _manifest(store: DirectorySnapshotStorage) -> Manifest:
 
 
 @pytest.mark.spark
-def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path) -> None:
+@pytest.mark.parametrize("path,max_partitions", [("direct", 2000), ("shuffle", 2000), ("shuffle", 2)],
+                         ids=["direct", "shuffle-one-bucket-per-task", "shuffle-buckets-share-tasks"])
+def test_seeded_snapshots_are_byte_identical_to_the_engines(spark, tmp_path: Path, monkeypatch, path: str,
+                                                           max_partitions: int) -> None:
+    monkeypatch.setattr(seed, "MAX_PARTITIONS", max_partitions)
     rows = _rows_with_specials()
     inputs = write_backlog(tmp_path / "backlog", rows, per_file=97)
     engine = _engine_store(tmp_path / "engine", rows)
-    report = run_seed(spark, inputs, str(tmp_path / "seeded"), CONFIG, OPTS, progress=JobProgress(None, "t", enabled=False))
+    report = run_seed(spark, inputs, str(tmp_path / "seeded"), CONFIG, OPTS, progress=JobProgress(None, "t", enabled=False),
+                      direct=path == "direct")
+    assert report.path == path
     seeded = DirectorySnapshotStorage(tmp_path / "seeded")
 
     ids = engine.list_snapshots()
@@ -163,3 +187,30 @@ def test_avro_backlog_seeds_the_same_bytes_as_parquet(spark, tmp_path: Path) -> 
     assert a.list_snapshots() == p.list_snapshots() == [1]
     assert (tmp_path / "a" / "snapshots" / f"{1:020d}.snap").read_bytes() == \
         (tmp_path / "p" / "snapshots" / f"{1:020d}.snap").read_bytes()
+
+
+def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_exports(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pulsar_lifecycle.spark.seed_direct import plan_tasks, read_amplification, read_task, row_groups
+
+    plan = [(100, 101, 110), (102, 103, 110), (104, 105, 52)]
+    ordered = backlog_rows({100: 30, 101: 80, 102: 50, 103: 60, 104: 45, 105: 7}, BASE, 60_000)
+    write_backlog(tmp_path / "ordered", ordered, per_file=97)
+    groups = row_groups([str(tmp_path / "ordered")])
+    assert groups is not None and sum(g.rows for g in groups) == len(ordered)
+    tasks = plan_tasks(plan, groups, 1)
+    assert [(t.first_bucket, t.ends) for t in tasks] == [(0, (101,)), (1, (103,)), (2, (105,))]
+    assert read_amplification(tasks, groups) < 2
+    got = read_task(tasks[1], ["ledger_id", "entry_id"])
+    assert sorted(got.column("ledger_id").to_pylist()) == [102] * 50 + [103] * 60
+    assert set(got.column("bucket_no").to_pylist()) == {1}
+    # Every file spans every ledger: each task would read everything.
+    mixed = sorted(ordered, key=lambda r: r["entry_id"])
+    write_backlog(tmp_path / "mixed", mixed, per_file=97)
+    groups = row_groups([str(tmp_path / "mixed")])
+    assert groups is not None and read_amplification(plan_tasks(plan, groups, 1), groups) > 2
+    # A row group without statistics cannot be planned.
+    pq.write_table(pa.table({"ledger_id": [1, 2]}), tmp_path / "nostats.parquet", write_statistics=False)
+    assert row_groups([str(tmp_path / "nostats.parquet")]) is None
