@@ -11,7 +11,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -141,6 +140,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     due: Dict[bytes, int] = {}  # payload -> deliver_at as sent
     delays: Dict[bytes, int] = {}  # payload -> delay as sent (its delay-level partition)
     sources: Dict[bytes, str] = {}  # payload -> its parked position "<ledger>:<entry>:<batch>" (diagnosis)
+    held_back = 0  # messages still missing when the broker was restarted (pulsar-lite held them)
+    after_restart: Set[bytes] = set()  # released after that restart: their lateness is the broker's
 
     def sent(i: int, res: pulsar.Result, dl_id: Optional[DelayLevelMessageId]) -> None:
         if res != pulsar.Result.Ok:
@@ -163,6 +164,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             if int(m.properties()[RELEASED_AT_PROP]) < deliver_at or now < deliver_at:
                 early.append(m.data())
             late.append((m.data(), deliver_at, int(m.properties()[RELEASED_AT_PROP]) - deliver_at))
+            if held_back:
+                after_restart.add(m.data())
             counter.acknowledge(m)
 
     try:
@@ -192,6 +195,16 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
             procs[name] = localrun(wcfg if name == "writer" else scfg, url, tmp_path, name)
             windows.append((killed, now_ms() + RECOVERY_GRACE_MS))
         pump(max(0.0, (base + span_s * 1000 - now_ms()) / 1000.0) + 30)
+        if len(seen) < N:
+            # pulsar-lite can keep messages assigned to a SIGKILLed syncer's consumer and never
+            # dispatch them again (docs/delay-levels.md, "Lateness after a crash"); the syncer does
+            # not forward past them (strict position order), so the rest of that partition waits
+            # too. A restart of the broker alone (the functions keep running and reconnect, as
+            # with a real broker restart) hands them out again. A message the functions acked
+            # without forwarding is gone for good and stays missing below.
+            held_back = N - len(seen)
+            broker.restart()
+            pump(60)
         pump(3)  # a copy released late would show up here
     finally:
         forwarded = read_forwards(tap)
@@ -208,12 +221,14 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     expected = {f"m{i}".encode() for i in range(N)}
     missing = expected - set(seen)
     twice = {k: len(v) for k, v in seen.items() if len(v) > 1}
-    outside = [(p, at, lat) for p, at, lat in late if not any(a - LOOKAHEAD_MS <= at <= b for a, b in windows)]
+    outside = [(p, at, lat) for p, at, lat in late
+               if p not in after_restart and not any(a - LOOKAHEAD_MS <= at <= b for a, b in windows)]
     too_late = [x for x in outside if x[2] > BOUND_MS]
     worst = max((x[2] for x in outside), default=0)
     print(f"\nDL crash: n={N} unit={UNIT_S}s released={len(seen)} outside-downtime={len(outside)} "
           f"worst lateness outside downtime={worst} ms (bound {BOUND_MS} ms); "
-          f"worst overall={max((x[2] for x in late), default=0)} ms; windows={[(a - base, b - base) for a, b in windows]}")
+          f"worst overall={max((x[2] for x in late), default=0)} ms; held back until a broker restart={held_back}; "
+          f"windows={[(a - base, b - base) for a, b in windows]}")
     # payload deliver_at lateness forwarded_at partition parked-position
     with open(tmp_path / "lateness.tsv", "w") as out:
         for p, at, lat in late:
@@ -227,16 +242,11 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
     assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
                          f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
-    # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick). It
-    # was missed in 3 of 6 runs until the syncer subscribed in a rotated order and restarted stalled
-    # dedup replay readers after a restart (pulsar-lite; "Lateness after a crash"), met in 6 of 6
-    # after that, then missed again in 1 of 8 runs at the end of session 5 (887 late, worst 4.1 s,
-    # all forwarded late by the syncer on partitions 24-26). Not met reliably on pulsar-lite, so
-    # reported with the late side as a warning (issue 11 stays open); exactly-once, never-early and
-    # nothing-missing are asserted above.
-    if too_late:
-        print(explain(too_late, forwarded))
-        warnings.warn(f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
-                      f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}",
-                      stacklevel=2)
-    assert len(outside) > N // 3  # the bound was checked on a real share of the messages
+    assert len(outside) > N // 3  # the bound is checked on a real share of the messages
+    # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick).
+    # Session 5 reported it as a warning after one run in 14 missed it (4.1 s: a dedup tail-replay
+    # reader stalled 5 s at a restart, and a syncer start waits for every partition's replay); the
+    # reader is now restarted after 1 s, and the bound is asserted again (the message names the
+    # late side: the syncer's forward or the writer's release).
+    assert not too_late, (f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
+                          f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}")

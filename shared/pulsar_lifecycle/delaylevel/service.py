@@ -39,7 +39,7 @@ FORWARD_DONE_WAIT_S = 30.0  # a cancel of a claimed forward waits this long for 
 SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (shrink guard, discovery)
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
 DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
-PROBE_TIMEOUT_MS = 2000  # a forwarder's gap probe waits this long for the message after its frontier
+PROBE_TIMEOUT_MS = 500  # a forwarder's gap probe waits this long for the message after its frontier (then a new Reader)
 PROBE_MAX_READS = 10_000  # at most a batch (max batch index 4095 per sequence_id) before that message
 
 
