@@ -11,6 +11,7 @@
 
     python bench/bench_delay_level.py index [--messages-per-day 20000] [--days 60]
     python bench/bench_delay_level.py forward [--messages 100000] [--partitions 10] [--runs 3]
+    python bench/bench_delay_level.py forward-cost [--messages 10000]   (diagnosis of (b): CPU per message)
     python bench/bench_delay_level.py rss [--sizes 10000,1000000]
 """
 from __future__ import annotations
@@ -119,10 +120,15 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
                                           block_if_queue_full=True, max_pending_messages=1000,
                                           compression_type=pulsar.CompressionType.LZ4)
         got = 0
+        last_progress = time.monotonic()
         while got < per_topic:
             msgs = consumer.batch_receive()
             if not msgs:
+                if time.monotonic() - last_progress > 60:  # a pulsar-lite stall: report, do not hang the lock
+                    print(f"    PIPE STALL: {topic}: {got} of {per_topic} after 60 s without a message")
+                    break
                 continue
+            last_progress = time.monotonic()
             for m in msgs:
                 producer.send_async(m.data(), None, properties=m.properties(), partition_key=m.partition_key() or None)
             producer.flush()
@@ -144,10 +150,11 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
-                partitions: int, batch: int, pipeline_depth: int = 0) -> float:
+                partitions: int, batch: int, pipeline_depth: int = 0, snapshot_interval: int = 1000) -> float:
     # The same receiver queue (1000) and batch size as the pipe.
     cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
-                        receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth)
+                        receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth,
+                        dedupSnapshotInterval=snapshot_interval)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
@@ -173,7 +180,8 @@ def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state:
     return n / dt
 
 
-def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0) -> None:
+def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0,
+                  snapshot_interval: int = 1000) -> None:
     unit_s = 1
     strategy = DelayLevelTopicPartitionStrategy(unit_s * (partitions + 1), PartitionBy.SECONDS, unit_seconds=unit_s)
     # Delays that put n/partitions messages in each partition; all due a few seconds later.
@@ -192,12 +200,83 @@ def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth
                     rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
                 else:
                     rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
-                                                   partitions, batch, pipeline_depth))
+                                                   partitions, batch, pipeline_depth, snapshot_interval))
                 print(f"    run {run + 1} {kind}: {rates[kind][-1]:,.0f} msg/s")
         client.close()
     p, s = statistics.median(rates["pipe"]), statistics.median(rates["syncer"])
     print(f"(b) {n:,} parked messages in {partitions} partitions, batch {batch}, {runs} runs (medians): "
           f"pipe {p:,.0f} msg/s, syncer {s:,.0f} msg/s; ratio syncer/pipe {s / p:.2f} (target >= 0.8)")
+
+
+def bench_forward_cost(n: int) -> None:
+    """Diagnosis of (b): CPU per message (one thread, time.thread_time) of the pipe's loop body
+    and of the forwarder's steps, on the same n received parked messages. The 2-core bench is
+    bound by the client's GIL, so these per-message costs are what the ratio follows. Uses the
+    forwarder's internal steps (a diagnosis, not an API)."""
+    # Inside: the forwarder's internals are only needed by this diagnosis.
+    from pulsar_lifecycle.dedup.publisher import DedupPublisher
+    from pulsar_lifecycle.delaylevel.forwarder import ForwardPolicy, PartitionForwarder, position_of
+
+    strategy = DelayLevelTopicPartitionStrategy(3, PartitionBy.SECONDS, unit_seconds=1)
+    clock = time.thread_time
+    with tempfile.TemporaryDirectory() as d, EmbeddedBroker(data_dir=Path(d) / "broker", log_level="warn") as broker:
+        client = quiet_client(broker.service_url)
+        business, sched = f"{NS}/bfc", f"{NS}/bfc-sched"
+        park(client, business, sched, strategy, n, [1100], b"x" * 100)
+        topic = partition_topic(business + "-delay-level", 0)
+
+        def received(sub: str):
+            consumer = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared,
+                                        initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
+            return consumer, [consumer.receive(timeout_millis=10_000) for _ in range(n)]
+
+        consumer, msgs = received("pipe")
+        producer = client.create_producer(f"{NS}/bfc-pipe-out", batching_enabled=True, batching_max_publish_delay_ms=10,
+                                          block_if_queue_full=True, max_pending_messages=1000,
+                                          compression_type=pulsar.CompressionType.LZ4)
+        t0 = clock()
+        for i in range(0, n, 500):
+            for m in msgs[i:i + 500]:
+                producer.send_async(m.data(), None, properties=m.properties(), partition_key=m.partition_key() or None)
+            producer.flush()
+        t1 = clock()
+        for m in msgs:
+            consumer.acknowledge(m)
+        t2 = clock()
+        pipe_us = [1e6 * (t1 - t0) / n, 1e6 * (t2 - t1) / n]
+
+        consumer, msgs = received("syncer")
+        publisher = DedupPublisher(client, "bfc-p0", DirectoryStateStore(Path(d) / "state", "public", "default", "b"))
+        publisher.open(sched)
+        policy = ForwardPolicy(unit_ms=1000, lookahead_ms=0, batch_size=500, near_term_topic=sched,
+                               dead_letter_topic=sched + "-DLQ", target_exists=None, wait_for_room=lambda _e: None,
+                               clock=lambda: int(time.time() * 1000), receiver_queue_size=1000, pipeline_depth=1)
+        fw = PartitionForwarder(0, topic, consumer, publisher, policy, threading.Event(),
+                                resubscribe=lambda _q: consumer, probe=lambda _after: None)
+        fw._take(msgs[0])  # noqa: SLF001 - the first message opens the order gate (a Reader would)
+        for m in fw._gate.resolve(position_of(msgs[0].message_id(), with_size=True)):  # noqa: SLF001
+            fw._hold(m)  # noqa: SLF001
+        t0 = clock()
+        for m in msgs[1:]:
+            fw._take(m)  # noqa: SLF001
+        t1 = clock()
+        held = list(fw._held)  # noqa: SLF001
+        assert len(held) == n, f"{len(held)} of {n} held"
+        outs = [fw._out_message(h, h.seq)[1] for h in held]  # noqa: SLF001
+        t2 = clock()
+        for i in range(0, n, 500):
+            publisher.publish_many(sched, outs[i:i + 500])
+        t3 = clock()
+        publisher.flush()
+        for h in held:
+            consumer.acknowledge(h.msg)
+        t4 = clock()
+        publisher.close()
+        client.close()
+    us = [1e6 * x / n for x in (t1 - t0, t2 - t1, t3 - t2, t4 - t3)]
+    print(f"(b, diagnosis) CPU per message, one thread, {n:,} messages: pipe: read+send {pipe_us[0]:.1f} us, "
+          f"ack {pipe_us[1]:.1f} us, total {sum(pipe_us):.1f} us; syncer: take/hold {us[0]:.1f} us, build the forward "
+          f"{us[1]:.1f} us, publish_many {us[2]:.1f} us, confirm+ack {us[3]:.1f} us, total {sum(us):.1f} us")
 
 
 # -- (c) RSS vs parked count -------------------------------------------------------------------
@@ -266,6 +345,10 @@ def main() -> None:
     b.add_argument("--batch", type=int, default=500)
     b.add_argument("--pipeline-depth", type=int, default=1,
                    help="the syncer's forwardPipelineDepth (0: send, confirm, ack)")
+    b.add_argument("--snapshot-interval", type=int, default=1000,
+                   help="the syncer's dedupSnapshotInterval (forwards per snapshot and its two fsyncs)")
+    bc = sub.add_parser("forward-cost")
+    bc.add_argument("--messages", type=int, default=10_000)
     c = sub.add_parser("rss")
     c.add_argument("--sizes", default="10000,1000000")
     c.add_argument("--settle-seconds", type=float, default=5.0)
@@ -277,8 +360,10 @@ def main() -> None:
     if args.cmd == "index":
         bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
     elif args.cmd == "forward":
-        print(f"    forwardPipelineDepth {args.pipeline_depth}")
-        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth)
+        print(f"    forwardPipelineDepth {args.pipeline_depth}, dedupSnapshotInterval {args.snapshot_interval}")
+        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth, args.snapshot_interval)
+    elif args.cmd == "forward-cost":
+        bench_forward_cost(args.messages)
     elif args.cmd == "rss":
         bench_rss([int(x) for x in args.sizes.split(",")], args.settle_seconds, args.receiver_queue)
     else:

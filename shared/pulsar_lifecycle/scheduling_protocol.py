@@ -139,8 +139,11 @@ def parse_cancel_target(value: str) -> Tuple[int, int, int]:
 
 
 def format_message_ref(ledger_id: int, entry_id: int, batch_index: int) -> str:
-    """`__pl_cancel__` value: "<ledgerId>:<entryId>" or "<ledgerId>:<entryId>:<batchIndex>" for a batched message."""
-    return MessageRef(ledger_id, entry_id, -1, batch_index).format_cancel()
+    """`__pl_cancel__` value: "<ledgerId>:<entryId>" or "<ledgerId>:<entryId>:<batchIndex>" for a batched message
+    (MessageRef.format_cancel, formatted here without building a MessageRef: the delay-level
+    forwarder calls it once per parked message)."""
+    ledger_id, entry_id, batch_index = int(ledger_id), int(entry_id), int(batch_index)
+    return f"{ledger_id}:{entry_id}:{batch_index}" if batch_index >= 0 else f"{ledger_id}:{entry_id}"
 
 
 def format_origin_msg_id(ledger_id: int, entry_id: int, partition: int, batch_index: int = -1) -> str:

@@ -58,6 +58,7 @@ from .sequence_map import (
 log = logging.getLogger(__name__)
 
 RESERVED_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
+_RESERVED = frozenset(RESERVED_PROPERTIES)
 
 
 def normalize_topic(topic: str) -> str:
@@ -276,13 +277,14 @@ class DedupPublisher:
         check_sequence_id(seq, allow_zero=False)  # pulsar-client ignores 0 (truthiness)
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-        props: Dict[str, str] = {}
-        for k, v in (properties or {}).items():
-            if not isinstance(k, str) or not isinstance(v, str):
-                raise TypeError(f"message properties must be str -> str, got {k!r}: {v!r}")
-            if k in RESERVED_PROPERTIES:
-                raise ValueError(f"message property {k!r} is reserved for de-duplication")
-            props[k] = v
+        props: Dict[str, str] = dict(properties) if properties else {}
+        for k, v in props.items():
+            if type(k) is not str or type(v) is not str:  # exact types first: the per-message fast path
+                if not isinstance(k, str) or not isinstance(v, str):
+                    raise TypeError(f"message properties must be str -> str, got {k!r}: {v!r}")
+        if not _RESERVED.isdisjoint(props):
+            k = next(k for k in RESERVED_PROPERTIES if k in props)
+            raise ValueError(f"message property {k!r} is reserved for de-duplication")
         props[PRODUCER_PROPERTY] = self.producer_name
         props[SEQUENCE_PROPERTY] = str(seq)
         return props

@@ -20,7 +20,7 @@ import json
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Mapping, Optional, Set
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Set
 
 from ..exceptions import PulsarLifecycleError
 
@@ -281,6 +281,26 @@ class SequenceMap:
             )
         self._admit(producer)
         self._pushed[producer] = seq
+
+    def push_increasing(self, producer: str, seqs: Iterable[int]) -> List[bool]:
+        """`should_publish` then `mark_pushed` for each id of a burst, with the producer checked
+        once: True for an id above every id pushed before it (it is marked pushed), False for a
+        duplicate (nothing recorded)."""
+        _check_producer(producer)
+        start = last = self._pushed.get(producer, NO_SEQUENCE)
+        out: List[bool] = []
+        for seq in seqs:
+            if type(seq) is not int or not 0 <= seq <= MAX_SEQUENCE:
+                check_sequence_id(seq)  # raises, naming the problem
+            if seq > last:
+                last = seq
+                out.append(True)
+            else:
+                out.append(False)
+        if last != start:
+            self._admit(producer)
+            self._pushed[producer] = last
+        return out
 
     def rollback_pushed(self, producer: str, seq: int, previous: int) -> None:
         """Undo `mark_pushed(producer, seq)` when the send never left (back to `previous`)."""

@@ -84,6 +84,10 @@ def sequence_id(ledger_id: int, entry_id: int, batch_index: int) -> int:
     `ledger << 32 | entry << 10 | batch` (+1, since pulsar-client ignores sequence id 0): the
     scheduler's 32-bit (entry, batch index) encoding below a 31-bit ledger id.
     """
+    batch = batch_index if batch_index > 0 else 0
+    if (0 <= entry_id <= positions.MAX_INDEXABLE_ENTRY_ID and batch <= positions.MAX_BATCH_INDEX
+            and 0 <= ledger_id < _LEDGER_LIMIT):  # positions.encode inlined: once per parked message
+        return ((ledger_id << 32) | (entry_id << positions.BATCH_BITS) | batch) + 1
     low = positions.encode(entry_id, batch_index)
     if low is None or not 0 <= ledger_id < _LEDGER_LIMIT:
         raise ParkedMessageError(f"position {ledger_id}:{entry_id}:{batch_index} does not fit a sequence id "

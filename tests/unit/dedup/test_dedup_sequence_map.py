@@ -213,3 +213,30 @@ def test_recovery_from_snapshot_plus_tail_equals_full_history(ops, crash_at, int
         expected = max((s for q, s, _ in log if q == p), default=NO_SEQUENCE)
         assert rec.highest_persisted(p) == expected
         assert live.highest_persisted(p) == expected
+
+
+@given(st.lists(st.integers(min_value=0, max_value=50), max_size=30), st.integers(min_value=-1, max_value=20))
+@settings(max_examples=200, deadline=None)
+def test_push_increasing_matches_should_publish_then_mark_pushed(seqs, start):
+    """The burst form (publish_many) decides and records exactly what the per-message calls do."""
+    one, burst = SequenceMap(T), SequenceMap(T)
+    if start >= 0:
+        one.mark_pushed("p", start)
+        burst.mark_pushed("p", start)
+    expected = []
+    for s in seqs:
+        ok = one.should_publish("p", s)
+        if ok:
+            one.mark_pushed("p", s)
+        expected.append(ok)
+    assert burst.push_increasing("p", seqs) == expected
+    assert burst.highest_pushed("p") == one.highest_pushed("p")
+
+
+def test_push_increasing_rejects_a_bad_id_and_records_nothing():
+    m = SequenceMap(T)
+    with pytest.raises(SequenceError, match="out of range"):
+        m.push_increasing("p", [1, 2, -5])
+    assert m.highest_pushed("p") == NO_SEQUENCE
+    with pytest.raises(SequenceError, match="must be an int"):
+        m.push_increasing("p", [True])
