@@ -33,7 +33,17 @@ from ..scheduling_protocol import CANCEL_PROP
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
 from .progress import JobProgress
-from .seed_direct import MAX_READ_AMPLIFICATION, SeedTask, plan_tasks, read_amplification, read_task, row_groups
+from .seed_direct import (
+    MAX_READ_AMPLIFICATION,
+    RowGroup,
+    SeedTask,
+    count_ledgers,
+    count_tasks,
+    plan_tasks,
+    read_amplification,
+    read_task,
+    row_groups,
+)
 from .seeding import build_bucket, tombstones_of, write_bucket
 from .store import exclusive, open_store
 
@@ -244,11 +254,15 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             check_empty(storage, url)
             progress.phase("plan buckets")
             df = read_backlog(spark, inputs, fmt)
-            # One scan: rows per ledger and how many are cancel requests.
-            is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
-            per_ledger = df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()
-            counts = [(int(r["ledger_id"]), int(r["n"])) for r in per_ledger]
-            n_cancels = sum(int(r["c"] or 0) for r in per_ledger)
+            groups = row_groups(inputs) if direct and fmt == "parquet" else None
+            if groups is not None:  # the direct path's planning scan: pyarrow in the executors
+                per_ledger = _count_row_groups(spark, groups)
+            else:  # one scan: rows per ledger and how many are cancel requests
+                is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
+                per_ledger = [(int(r["ledger_id"]), int(r["n"]), int(r["c"] or 0)) for r in
+                              df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()]
+            counts = [(ledger, n) for ledger, n, _ in per_ledger]
+            n_cancels = sum(c for _, _, c in per_ledger)
             plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket, limit)
             report.planned_threshold = seal_threshold(sum(c for _, c in counts),
                                                       config.delayed_delivery_min_index_count_per_bucket, limit)
@@ -263,7 +277,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             first = storage.reserve_bucket_ids(len(plan))
             progress.phase("build and write buckets")
             progress.expect_rows(sum(c for _, c in counts))
-            tasks = _direct_tasks(spark, inputs, fmt, plan, report) if direct else None
+            tasks = _direct_tasks(spark, groups, plan, report) if groups is not None else None
             if tasks is not None:
                 results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
                                  .flatMap(bind_tasks(seed_direct_task, url, first, config, opts, tomb.to_proto_map()))
@@ -324,14 +338,9 @@ def _shuffle_seed(spark: Any, df: Any, url: str, first: int, config: BucketConfi
     return sorted(out.collect(), key=lambda r: r["bucket_no"])
 
 
-def _direct_tasks(spark: Any, inputs: Sequence[str], fmt: str, plan: Sequence[Tuple[int, int, int]],
+def _direct_tasks(spark: Any, groups: Sequence[RowGroup], plan: Sequence[Tuple[int, int, int]],
                   report: "SeedReport") -> Optional[List[SeedTask]]:
-    """The direct path's tasks (seed_direct.py), or None when it does not pay or cannot read the inputs."""
-    if fmt != "parquet":
-        return None
-    groups = row_groups(inputs)
-    if groups is None:
-        return None
+    """The direct path's tasks (seed_direct.py), or None when they would read too much."""
     tasks = plan_tasks(plan, groups, spark.sparkContext.defaultParallelism)
     amplification = read_amplification(tasks, groups)
     report.read_amplification = round(amplification, 2)
@@ -340,6 +349,20 @@ def _direct_tasks(spark: Any, inputs: Sequence[str], fmt: str, plan: Sequence[Tu
         return None
     report.path = "direct"
     return tasks
+
+
+def _count_row_groups(spark: Any, groups: Sequence[RowGroup]) -> List[Tuple[int, int, int]]:
+    """(ledger id, rows, cancel requests) over every row group, counted by executor tasks."""
+    total: Dict[int, List[int]] = {}
+    tasks = count_tasks(groups, spark.sparkContext.defaultParallelism)
+    if not groups:
+        return []
+    for ledger, n, c in spark.sparkContext.parallelize(tasks, len(tasks)).flatMap(
+            bind_tasks(count_ledgers, CANCEL_PROP)).collect():
+        acc = total.setdefault(ledger, [0, 0])
+        acc[0] += n
+        acc[1] += c
+    return [(ledger, n, c) for ledger, (n, c) in sorted(total.items())]
 
 
 def _claim_index(storage: BucketSnapshotStorage, clock: Clock = wall_clock_ms) -> str:

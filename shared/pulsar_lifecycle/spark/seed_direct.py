@@ -18,6 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..bucket.item_columns import row_any
+
 log = logging.getLogger(__name__)
 
 MAX_READ_AMPLIFICATION = 2.0
@@ -128,3 +130,48 @@ def read_task(task: SeedTask, columns: Sequence[str]) -> Any:
     ledgers = np.asarray(table.column("ledger_id").combine_chunks(), dtype=np.int64)
     bucket_no = task.first_bucket + np.searchsorted(np.asarray(task.ends, dtype=np.int64), ledgers, side="left")
     return table.append_column("bucket_no", pa.array(bucket_no.astype(np.int32)))
+
+
+def count_tasks(groups: Sequence[RowGroup], parallelism: int) -> List[Tuple[Tuple[str, Tuple[int, ...]], ...]]:
+    """The row groups in tasks of about ROWS_PER_TASK rows (at least 4 per core when there are
+    enough), each a tuple of (path, row group indexes)."""
+    total = sum(g.rows for g in groups)
+    n_tasks = max(1, min(len(groups), max(4 * parallelism, -(-total // ROWS_PER_TASK))))
+    per_task = total / n_tasks
+    tasks: List[Tuple[Tuple[str, Tuple[int, ...]], ...]] = []
+    current: Dict[str, List[int]] = {}
+    acc = 0
+    for i, g in enumerate(groups):
+        current.setdefault(g.path, []).append(g.index)
+        acc += g.rows
+        if i == len(groups) - 1 or acc >= per_task * (len(tasks) + 1):
+            tasks.append(tuple((p, tuple(ix)) for p, ix in current.items()))
+            current = {}
+    return tasks
+
+
+def count_ledgers(cancel_prop: str, task: Tuple[Tuple[str, Tuple[int, ...]], ...]) -> List[Tuple[int, int, int]]:
+    """(ledger id, rows, rows whose properties hold `cancel_prop`) for the rows of these row
+    groups: what the shuffle path's planning scan computes with Spark, read with pyarrow."""
+    import numpy as np  # executor side; numpy and pyarrow come with the spark extra
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    ledgers, cancels = [], []
+    for path, indexes in task:
+        t = pq.ParquetFile(path).read_row_groups(list(indexes), columns=["ledger_id", "properties"])
+        props = t.column("properties").combine_chunks()
+        offsets = np.asarray(props.offsets, dtype=np.int64)
+        start = int(offsets[0]) if len(props) else 0
+        keys = props.keys.slice(start, int(offsets[-1]) - start if len(props) else 0)
+        hit = row_any(np.asarray(pc.equal(keys, cancel_prop).fill_null(False), dtype=bool), offsets - start)
+        if props.null_count:  # a null map names nothing (Spark's getItem gives null)
+            hit &= np.asarray(props.is_valid(), dtype=bool)
+        ledgers.append(np.asarray(t.column("ledger_id").combine_chunks(), dtype=np.int64))
+        cancels.append(hit)
+    if not ledgers:
+        return []
+    uniq, inverse = np.unique(np.concatenate(ledgers), return_inverse=True)
+    rows = np.bincount(inverse, minlength=len(uniq))
+    hits = np.bincount(inverse, weights=np.concatenate(cancels).astype(np.float64), minlength=len(uniq))
+    return list(zip(uniq.tolist(), rows.tolist(), hits.astype(np.int64).tolist()))

@@ -1,6 +1,6 @@
 """Building one bucket snapshot from exported rows: the executor side of `spark seed`.
 
-No PySpark here (the Spark job in seed.py calls these functions inside applyInArrow), and no
+No PySpark here (the Spark job in seed.py calls these functions in its tasks), and no
 format of its own: rows go through the writer's classifier in its column form
 (scheduler/intake_columns.py), items through the engine's item encoding in its column form
 (bucket/item_columns.py; both are tested equal to the per-message functions), segments through

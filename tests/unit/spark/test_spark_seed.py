@@ -193,24 +193,38 @@ def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_expo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pulsar_lifecycle.spark.seed_direct import plan_tasks, read_amplification, read_task, row_groups
+    from pulsar_lifecycle.spark import seed_direct as sd
 
     plan = [(100, 101, 110), (102, 103, 110), (104, 105, 52)]
     ordered = backlog_rows({100: 30, 101: 80, 102: 50, 103: 60, 104: 45, 105: 7}, BASE, 60_000)
     write_backlog(tmp_path / "ordered", ordered, per_file=97)
-    groups = row_groups([str(tmp_path / "ordered")])
+    groups = sd.row_groups([str(tmp_path / "ordered")])
     assert groups is not None and sum(g.rows for g in groups) == len(ordered)
-    tasks = plan_tasks(plan, groups, 1)
+    tasks = sd.plan_tasks(plan, groups, 1)
     assert [(t.first_bucket, t.ends) for t in tasks] == [(0, (101,)), (1, (103,)), (2, (105,))]
-    assert read_amplification(tasks, groups) < 2
-    got = read_task(tasks[1], ["ledger_id", "entry_id"])
+    assert sd.read_amplification(tasks, groups) < 2
+    got = sd.read_task(tasks[1], ["ledger_id", "entry_id"])
     assert sorted(got.column("ledger_id").to_pylist()) == [102] * 50 + [103] * 60
     assert set(got.column("bucket_no").to_pylist()) == {1}
     # Every file spans every ledger: each task would read everything.
     mixed = sorted(ordered, key=lambda r: r["entry_id"])
     write_backlog(tmp_path / "mixed", mixed, per_file=97)
-    groups = row_groups([str(tmp_path / "mixed")])
-    assert groups is not None and read_amplification(plan_tasks(plan, groups, 1), groups) > 2
+    groups = sd.row_groups([str(tmp_path / "mixed")])
+    assert groups is not None and sd.read_amplification(sd.plan_tasks(plan, groups, 1), groups) > 2
+    # The planning scan's counts, read with pyarrow per task of row groups.
+    specials = _rows_with_specials()
+    write_backlog(tmp_path / "specials", specials, per_file=97)
+    groups = sd.row_groups([str(tmp_path / "specials")])
+    assert groups is not None
+    got = sorted(x for task in sd.count_tasks(groups, 2) for x in sd.count_ledgers(CANCEL_PROP, task))
+    merged: dict = {}
+    for ledger, n, c in got:
+        merged[ledger] = (merged.get(ledger, (0, 0))[0] + n, merged.get(ledger, (0, 0))[1] + c)
+    want: dict = {}
+    for r in specials:
+        n, c = want.get(r["ledger_id"], (0, 0))
+        want[r["ledger_id"]] = (n + 1, c + any(k == CANCEL_PROP for k, _ in r["properties"]))
+    assert merged == want and sum(c for _, c in want.values()) == 2
     # A row group without statistics cannot be planned.
     pq.write_table(pa.table({"ledger_id": [1, 2]}), tmp_path / "nostats.parquet", write_statistics=False)
-    assert row_groups([str(tmp_path / "nostats.parquet")]) is None
+    assert sd.row_groups([str(tmp_path / "nostats.parquet")]) is None
