@@ -42,7 +42,7 @@ from .codec import (
     decode_framed,
     encode_journal_cancel,
     index_to_message,
-    make_item,
+    make_items,
     release_ts,
 )
 from .config import BucketConfig
@@ -303,10 +303,9 @@ class BucketIndex:
             # precede: hold releases below the smallest timestamp the batch will get.
             self._inflight_min_ts = max(floor, min(m.deliver_at for _, m in batch))
         try:
-            items = []
             by_ledger: Dict[int, List[int]] = {}
+            items = make_items([m for _, m in batch], [release_ts(m.deliver_at, floor) for _, m in batch])
             for _, m in batch:
-                items.append(make_item(m, release_ts(m.deliver_at, floor)))
                 entries = by_ledger.get(m.ledger_id)
                 if entries is None:
                     by_ledger[m.ledger_id] = [m.entry_id]

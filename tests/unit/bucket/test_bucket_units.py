@@ -25,6 +25,8 @@ from pulsar_lifecycle.bucket.codec import (
     encode_segment,
     frame,
     join_blobs,
+    make_item,
+    make_items,
     parse,
 )
 from pulsar_lifecycle.bucket.keys import bucket_key, is_bucket_key, parse_bucket_key
@@ -293,6 +295,22 @@ def test_a_segment_encoded_in_one_call_equals_its_framed_items() -> None:
     ts = [m.deliver_at + rnd.randrange(3) for m in messages]
     assert encode_segment(messages, ts) == b"".join(frame(encode_item(m, t)) for m, t in zip(messages, ts))
     assert encode_segment([], []) == b""
+
+
+def test_a_batch_of_items_encoded_in_one_call_equals_its_items_encoded_one_by_one() -> None:
+    import random
+
+    rnd = random.Random(11)
+    sizes = (0, 1, 100, 127, 128, 300, 16_383, 16_384, 70_000)  # element lengths of 1-3 varint bytes
+    messages = [DelayedMessage(rnd.randrange(1, 1 << 40), index_id(rnd.randrange(0, 1 << 20), rnd.randrange(-1, 1000)),
+                               rnd.choice((-1, 0, 7)), rnd.randrange(1, 1 << 45), bytes(rnd.randrange(256) for _ in range(rnd.choice(sizes))),
+                               rnd.choice((None, "", "k\u00e9y")), rnd.choice(({}, {"a": "1"}, {"z": "", "b": "\u20ac", "a": "x"})),
+                               rnd.choice((0, 12345)), rnd.choice((None, "persistent://t/n/out")))
+                for _ in range(200)]
+    ts = [m.deliver_at + rnd.randrange(3) for m in messages]
+    assert make_items(messages, ts) == [make_item(m, t) for m, t in zip(messages, ts)]
+    assert make_items(messages[:1], ts[:1]) == [make_item(messages[0], ts[0])]
+    assert make_items([], []) == []
 
 
 def test_cutter_rejects_bad_input():
