@@ -564,6 +564,9 @@ class BucketIndex:
         """The k-way merge of the mutable bucket and the shared queue, numbered."""
         out: List[Release] = []
         mutable, queue, recent = self._mutable, self._queue, self._recent
+        # Tombstones only change under the state lock, which the caller holds: with none, no item
+        # of this round is cancelled (the check is skipped, once per released message otherwise).
+        tombstones = self._tombstones if len(self._tombstones) else None
         while len(out) < max_items:
             mh = mutable.head()
             ih = queue.head()
@@ -592,7 +595,7 @@ class BucketIndex:
             else:
                 break
             self._seq += 1
-            cancelled = self._tombstones.contains(ledger, entry)
+            cancelled = tombstones is not None and tombstones.contains(ledger, entry)
             self._pending.discard(ledger, entry)
             self._released.append((self._seq, ts, ledger, entry, cancelled))
             self._last_key = (ts, ledger, entry)
