@@ -94,10 +94,10 @@ class SchedulingConsumer:
         # pulsar-client's native consumer behind the public one (None: another client layout, or
         # a consumer of the tests). Its messages have pulsar.Message's accessors without a Python
         # wrapper built per message and a Python call per accessor (this runs once per scheduling
-        # message on the intake thread); received through it, they are acked through it too.
+        # message on the intake thread). They are acked through the public consumer, which takes
+        # them as they are (and stays the one seam a test patches, as for the delay-level forwarder).
         native = getattr(consumer, "_consumer", None)
-        source = native if native is not None else consumer
-        msgs = source.batch_receive()
+        msgs = (native if native is not None else consumer).batch_receive()
         if not msgs:
             # Idle: block on one message instead of polling batch_receive every few ms.
             try:
@@ -116,7 +116,7 @@ class SchedulingConsumer:
             self.watchdog.flowing()
 
         def ack() -> None:
-            self._acker.submit(source, msgs)
+            self._acker.submit(consumer, msgs)
         return IntakeBatch(items, ack)
 
     def _classify_all(self, msgs: Sequence[Any], now: int) -> List[Pending]:
