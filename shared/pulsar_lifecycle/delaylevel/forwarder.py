@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
@@ -103,7 +103,7 @@ class ForwarderStats:
     forward_lag_ms: int = 0  # how late the last batch's head left compared with its forward time
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """A received, not yet acked parked message with its properties and forward time."""
 
@@ -237,11 +237,33 @@ class PartitionForwarder:
             log.error("event=delay_level_forwarder_failed partition=%s error=%r", self.topic, exc)
             self.stop.set()
 
+    def _native(self) -> Any:
+        """pulsar-client's native consumer behind `self.consumer` (None: another client layout,
+        or a consumer of the tests). Its messages have the same accessors as pulsar.Message,
+        without a Python wrapper built per message and a Python call per accessor; received
+        through it, they are acked through it too (`_ack`)."""
+        return getattr(self.consumer, "_consumer", None)
+
     def _receive(self, timeout_ms: int) -> Optional[pulsar.Message]:
+        native = self._native()
         try:
+            if native is not None:
+                return native.receive(timeout_ms)  # type: ignore[no-any-return]
             return self.consumer.receive(timeout_millis=timeout_ms)
         except pulsar.Timeout:
             return None
+
+    def _batch_receive(self) -> List[pulsar.Message]:
+        native = self._native()
+        if native is not None:
+            return native.batch_receive()  # type: ignore[no-any-return]
+        return self.consumer.batch_receive()
+
+    @property
+    def _ack(self) -> Callable[[pulsar.Message], None]:
+        """Acknowledges one received message (see `_native`)."""
+        native = self._native()
+        return native.acknowledge if native is not None else self.consumer.acknowledge  # type: ignore[no-any-return]
 
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
@@ -251,20 +273,21 @@ class PartitionForwarder:
         if self._watchdog is not None:
             self._watchdog.seen(ledger, entry)
         gate = self._gate
-        if gate is None:
-            self._hold(msg)
+        if gate is None or gate.offer_next(ledger, entry, batch, msg):
+            # The common case: the next position (or no order kept): straight into the stream.
+            self._hold_at(msg, ledger, entry, batch)
             return
-        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
-        if gate.handled(pos):
+        if gate.handled_at(ledger, entry, batch):
             # Handled before, so never forwarded again. Acked only when that is confirmed;
             # otherwise its original is held or in flight and is acked with it (same id).
             self.stats.duplicates += 1
-            seq = sequence_id(pos.ledger, pos.entry, pos.batch)
+            seq = sequence_id(ledger, entry, batch)
             if seq <= self._done:
-                self.consumer.acknowledge(msg)
+                self._ack(msg)
             log.debug("event=delay_level_redelivery partition=%s seq=%d done=%d", self.topic, seq, self._done)
             return
         waiting = len(gate)
+        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
         for m in gate.offer(pos, msg):
             self._hold(m)
         if len(gate) and not waiting:
@@ -309,12 +332,15 @@ class PartitionForwarder:
                         gate.frontier, nxt, gate.first_waiting(), len(gate), now - self._gap_since)
 
     def _hold(self, msg: pulsar.Message) -> None:
-        """Read a message's properties once and compute its forward time; a malformed parked
-        message is due now (it is dead-lettered)."""
-        mid = msg.message_id()  # read once: each accessor is a call into the client
-        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        """`_hold_at` reading the message's position from its id."""
+        mid = msg.message_id()
+        self._hold_at(msg, mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+    def _hold_at(self, msg: pulsar.Message, ledger: int, entry: int, batch: int) -> None:
+        """Read a message's properties once and compute its forward time (its position is the
+        one `_take` read from its id); a malformed parked message is due now (it is dead-lettered)."""
         seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
-        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
+        if batch > 0 and not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
             # queue can leave the next syncer with nothing on this partition (producer.py).
             self._warned_batch = True
@@ -380,7 +406,7 @@ class PartitionForwarder:
             if not self._held:
                 if self._gate is not None and self._gate.full:
                     break
-                more = self.consumer.batch_receive()
+                more = self._batch_receive()
                 if not more:
                     break
                 for m in more:
@@ -457,11 +483,11 @@ class PartitionForwarder:
         self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
         self._record_handled(self._claimed)  # cancels leave no forward behind
         for msg, cancel in dropped:
-            self.consumer.acknowledge(msg)
+            self._ack(msg)
             cancel.ack()
             self.stats.cancelled += 1
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
-        ack = self.consumer.acknowledge
+        ack = self._ack
         if dropped:
             dropped_ids = {id(d) for d, _ in dropped}
             for held in batch:
@@ -478,7 +504,7 @@ class PartitionForwarder:
     def _settle(self, keep: int) -> None:
         """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
         then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
-        ack = self.consumer.acknowledge
+        ack = self._ack
         while len(self._inflight) > keep:
             batch = self._inflight[0]
             self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
@@ -501,6 +527,11 @@ class PartitionForwarder:
         self._recorded = seq
 
     def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
+        if "dead-letter" not in kinds:  # the common case, counted per batch
+            duplicates = outcomes.count(Outcome.DUPLICATE)
+            self.stats.duplicates += duplicates
+            self.stats.forwarded += len(outcomes) - duplicates
+            return
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1
@@ -512,7 +543,10 @@ class PartitionForwarder:
     def _out_message(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
         """(topic, message, "forward" | "dead-letter") for one due parked message."""
         msg, parked = held.msg, held.parked
-        props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
+        props = held.props.copy()  # a dict of its own: the held one keeps base and level (dead letters)
+        for k in _NOT_FORWARDED:
+            if k in props:
+                del props[k]
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None
