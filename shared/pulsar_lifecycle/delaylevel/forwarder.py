@@ -269,7 +269,23 @@ class PartitionForwarder:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
         (OrderGate), or, a copy of a position handled before, acked without a forward."""
         mid = msg.message_id()  # read once: each accessor is a call into the client
-        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        self._take_at(msg, mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+    def _take_all(self, msgs: List[pulsar.Message]) -> None:
+        """`_take` for each of a batch_receive's messages, in order, with the common case (the
+        next position: straight into the stream) inlined: this runs once per forwarded message."""
+        gate, watchdog, hold = self._gate, self._watchdog, self._hold_at
+        for msg in msgs:
+            mid = msg.message_id()
+            ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+            if gate is not None and gate.offer_next(ledger, entry, batch, msg):
+                if watchdog is not None:
+                    watchdog.seen(ledger, entry)
+                hold(msg, ledger, entry, batch)
+            else:
+                self._take_at(msg, ledger, entry, batch)
+
+    def _take_at(self, msg: pulsar.Message, ledger: int, entry: int, batch: int) -> None:
         if self._watchdog is not None:
             self._watchdog.seen(ledger, entry)
         gate = self._gate
@@ -339,7 +355,9 @@ class PartitionForwarder:
     def _hold_at(self, msg: pulsar.Message, ledger: int, entry: int, batch: int) -> None:
         """Read a message's properties once and compute its forward time (its position is the
         one `_take` read from its id); a malformed parked message is due now (it is dead-lettered)."""
-        seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
+        seq = sequence_id(ledger, entry, batch)
+        # format_message_ref's value, formatted here: the accessors give ints already.
+        ref = f"{ledger}:{entry}:{batch}" if batch >= 0 else f"{ledger}:{entry}"
         if batch > 0 and not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
             # queue can leave the next syncer with nothing on this partition (producer.py).
@@ -402,20 +420,20 @@ class PartitionForwarder:
         # received but not due stay held (at most one batch_receive's worth).
         batch: List[_Held] = []
         now = self.policy.clock()
-        while len(batch) < self.policy.batch_size:
-            if not self._held:
+        held, limit = self._held, self.policy.batch_size
+        while len(batch) < limit:
+            if not held:
                 if self._gate is not None and self._gate.full:
                     break
                 more = self._batch_receive()
                 if not more:
                     break
-                for m in more:
-                    self._take(m)
-                if not self._held:
+                self._take_all(more)
+                if not held:
                     break  # all of them wait beyond a gap (or were copies of handled ones)
-            if self._held[0].due > now:
+            if held[0].due > now:
                 break
-            batch.append(self._held.popleft())
+            batch.append(held.popleft())
         self.policy.wait_for_room(self.stop)
         if self.stop.is_set():
             return  # unacked: redelivered to the next consumer
