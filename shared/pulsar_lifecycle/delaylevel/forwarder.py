@@ -240,8 +240,8 @@ class PartitionForwarder:
     def _native(self) -> Any:
         """pulsar-client's native consumer behind `self.consumer` (None: another client layout,
         or a consumer of the tests). Its messages have the same accessors as pulsar.Message,
-        without a Python wrapper built per message and a Python call per accessor; received
-        through it, they are acked through it too (`_ack`)."""
+        without a Python wrapper built per message and a Python call per accessor; they are
+        acked through `self.consumer.acknowledge`, which takes them as they are."""
         return getattr(self.consumer, "_consumer", None)
 
     def _receive(self, timeout_ms: int) -> Optional[pulsar.Message]:
@@ -258,12 +258,6 @@ class PartitionForwarder:
         if native is not None:
             return native.batch_receive()  # type: ignore[no-any-return]
         return self.consumer.batch_receive()
-
-    @property
-    def _ack(self) -> Callable[[pulsar.Message], None]:
-        """Acknowledges one received message (see `_native`)."""
-        native = self._native()
-        return native.acknowledge if native is not None else self.consumer.acknowledge  # type: ignore[no-any-return]
 
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
@@ -299,7 +293,7 @@ class PartitionForwarder:
             self.stats.duplicates += 1
             seq = sequence_id(ledger, entry, batch)
             if seq <= self._done:
-                self._ack(msg)
+                self.consumer.acknowledge(msg)
             log.debug("event=delay_level_redelivery partition=%s seq=%d done=%d", self.topic, seq, self._done)
             return
         waiting = len(gate)
@@ -462,33 +456,44 @@ class PartitionForwarder:
         kinds: List[str] = []
         not_found: List[_Pending] = []
         with self._lock:
-            for held in batch:
-                msg, seq = held.msg, held.seq
-                cancel = None
-                if self._cancels:
+            if not self._cancels:
+                # The common case: nothing to cancel (none can be added while the lock is held).
+                out_message = self._out_message
+                for held in batch:
+                    topic, out, kind = out_message(held, held.seq)
+                    kinds.append(kind)
+                    if groups and groups[-1][0] == topic:
+                        groups[-1][1].append(out)
+                    else:
+                        groups.append((topic, [out]))
+                if batch:
+                    self._claimed = max(self._claimed, max([held.seq for held in batch]))
+            else:
+                for held in batch:
+                    msg, seq = held.msg, held.seq
                     cancel = self._cancels.pop(seq, None)
                     # Cancels of positions this batch passes without meeting them: the target is gone.
                     for missing in [s for s in self._cancels if s < seq]:
                         log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
                         not_found.append(self._cancels.pop(missing))
-                if seq > self._claimed:
-                    self._claimed = seq
-                if cancel is not None:
-                    dropped.append((msg, cancel))
-                    continue
-                topic, out, kind = self._out_message(held, seq)
-                kinds.append(kind)
-                if groups and groups[-1][0] == topic:
-                    groups[-1][1].append(out)
-                else:
-                    groups.append((topic, [out]))
+                    if seq > self._claimed:
+                        self._claimed = seq
+                    if cancel is not None:
+                        dropped.append((msg, cancel))
+                        continue
+                    topic, out, kind = self._out_message(held, seq)
+                    kinds.append(kind)
+                    if groups and groups[-1][0] == topic:
+                        groups[-1][1].append(out)
+                    else:
+                        groups.append((topic, [out]))
         if len(groups) == 1 and not dropped and not not_found:
             # The common case: one topic, nothing cancelled. Send it and confirm the batches
             # before it (pipelined); this one is acked once the publisher's watermark passes it.
             topic, msgs = groups[0]
             outcomes = self.publisher.publish_many(topic, msgs)
             # The highest id, not the last: a message redelivered out of order can end a batch.
-            last = max(m.sequence_id for m in msgs)
+            last = max([m.sequence_id for m in msgs])
             record = topic != self.policy.near_term_topic  # the broker backend or the dead-letter topic
             self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes, record))
             self._settle(self.policy.pipeline_depth)
@@ -501,11 +506,11 @@ class PartitionForwarder:
         self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
         self._record_handled(self._claimed)  # cancels leave no forward behind
         for msg, cancel in dropped:
-            self._ack(msg)
+            self.consumer.acknowledge(msg)
             cancel.ack()
             self.stats.cancelled += 1
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
-        ack = self._ack
+        ack = self.consumer.acknowledge
         if dropped:
             dropped_ids = {id(d) for d, _ in dropped}
             for held in batch:
@@ -522,7 +527,7 @@ class PartitionForwarder:
     def _settle(self, keep: int) -> None:
         """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
         then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
-        ack = self._ack
+        ack = self.consumer.acknowledge
         while len(self._inflight) > keep:
             batch = self._inflight[0]
             self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
