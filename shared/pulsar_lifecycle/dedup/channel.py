@@ -16,7 +16,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 import pulsar
 
@@ -66,9 +66,9 @@ class PublishError(DedupError):
     """A send failed or the topic's channel is unusable after an earlier failure."""
 
 
-@dataclass(frozen=True)
-class OutMessage:
-    """One message of `publish_many`."""
+class OutMessage(NamedTuple):
+    """One message of `publish_many` (a NamedTuple: callers build one per message, and a frozen
+    dataclass costs about twice as much to build)."""
 
     payload: bytes
     sequence_id: int
@@ -336,8 +336,11 @@ class TopicChannel:
             # producer's sends in order (an ack out of order makes it reconnect and resend).
             covered: List[PendingSend] = []
             if self.untracked:
-                covered = [p for p in itertools.takewhile(lambda p: p is not pending, self.pending)
-                           if not p.tracked and not p.done and not p.stranded]
+                for p in self.pending:  # a plain loop: once per message of a burst, on the I/O thread
+                    if p is pending:
+                        break
+                    if not p.tracked and not p.done and not p.stranded:
+                        covered.append(p)
                 self.outstanding -= len(covered)
                 self.untracked -= len(covered)
                 if res != pulsar.Result.Ok:
@@ -364,9 +367,17 @@ class TopicChannel:
                     fire.append((pending.callback, PublishResult(self.topic, pending.seq, Outcome.FAILED, error=err)))
             # The persisted watermark only moves over a prefix of completed sends, so a snapshot
             # never claims an id whose predecessors are not all on the topic.
-            while self.pending and self.pending[0].done:
-                head = self.pending.popleft()
-                snap = self.seqmap.mark_persisted(name, head.seq, head.position)
+            queue = self.pending
+            if queue and queue[0].done:
+                # The completed prefix in one mark (a burst completes with its last send).
+                count, last, position = 0, 0, None
+                while queue and queue[0].done:
+                    head = queue.popleft()
+                    count += 1
+                    last = head.seq
+                    if head.position is not None:
+                        position = head.position
+                snap = self.seqmap.mark_persisted_run(name, last, count, position)
                 if snap is not None:
                     self.due_snapshot = snap
             persisted = self.seqmap.highest_persisted(name)

@@ -48,6 +48,7 @@ from .recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, RecoveryError, TailS
 from .sequence_map import (
     DEFAULT_MAX_PRODUCERS,
     DEFAULT_SNAPSHOT_INTERVAL,
+    MAX_SEQUENCE,
     NO_SEQUENCE,
     DedupSnapshot,
     SequenceMap,
@@ -274,8 +275,9 @@ class DedupPublisher:
 
     def _checked_message(self, payload: object, seq: int, properties: Optional[Mapping[str, str]]) -> Dict[str, str]:
         """Check one message's id, payload and properties; its properties with the dedup ones added."""
-        check_sequence_id(seq, allow_zero=False)  # pulsar-client ignores 0 (truthiness)
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
+        if type(seq) is not int or not 0 < seq <= MAX_SEQUENCE:  # exact types first: once per message
+            check_sequence_id(seq, allow_zero=False)  # raises, naming the problem (0: pulsar-client ignores it)
+        if type(payload) is not bytes and not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
         props: Dict[str, str] = dict(properties) if properties else {}
         for k, v in props.items():

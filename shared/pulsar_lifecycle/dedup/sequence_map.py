@@ -328,6 +328,19 @@ class SequenceMap:
             return self.take_snapshot()
         return None
 
+    def mark_persisted_run(
+        self, producer: str, seq: int, count: int, position: Optional[Position] = None
+    ) -> Optional[DedupSnapshot]:
+        """`mark_persisted` for a run of `count` confirmed entries in the topic's order, `seq`
+        the highest and `position` the latest known position among them: the same marks, one
+        call (a snapshot, when the interval is reached within the run, is taken at its end)."""
+        self._apply_persisted(producer, seq, position)
+        self._entries += count
+        self._since_snapshot += count
+        if self._since_snapshot >= self.snapshot_interval:
+            return self.take_snapshot()
+        return None
+
     def _advance(self, position: Optional[Position]) -> None:
         if position is not None and (self._position is None or position > self._position):
             self._position = position

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
@@ -103,7 +103,7 @@ class ForwarderStats:
     forward_lag_ms: int = 0  # how late the last batch's head left compared with its forward time
 
 
-@dataclass
+@dataclass(slots=True)
 class _Held:
     """A received, not yet acked parked message with its properties and forward time."""
 
@@ -237,34 +237,67 @@ class PartitionForwarder:
             log.error("event=delay_level_forwarder_failed partition=%s error=%r", self.topic, exc)
             self.stop.set()
 
+    def _native(self) -> Any:
+        """pulsar-client's native consumer behind `self.consumer` (None: another client layout,
+        or a consumer of the tests). Its messages have the same accessors as pulsar.Message,
+        without a Python wrapper built per message and a Python call per accessor; they are
+        acked through `self.consumer.acknowledge`, which takes them as they are."""
+        return getattr(self.consumer, "_consumer", None)
+
     def _receive(self, timeout_ms: int) -> Optional[pulsar.Message]:
+        native = self._native()
         try:
+            if native is not None:
+                return native.receive(timeout_ms)  # type: ignore[no-any-return]
             return self.consumer.receive(timeout_millis=timeout_ms)
         except pulsar.Timeout:
             return None
+
+    def _batch_receive(self) -> List[pulsar.Message]:
+        native = self._native()
+        if native is not None:
+            return native.batch_receive()  # type: ignore[no-any-return]
+        return self.consumer.batch_receive()
 
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
         (OrderGate), or, a copy of a position handled before, acked without a forward."""
         mid = msg.message_id()  # read once: each accessor is a call into the client
-        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+        self._take_at(msg, mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+    def _take_all(self, msgs: List[pulsar.Message]) -> None:
+        """`_take` for each of a batch_receive's messages, in order, with the common case (the
+        next position: straight into the stream) inlined: this runs once per forwarded message."""
+        gate, watchdog, hold = self._gate, self._watchdog, self._hold_at
+        for msg in msgs:
+            mid = msg.message_id()
+            ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
+            if gate is not None and gate.offer_next(ledger, entry, batch, msg):
+                if watchdog is not None:
+                    watchdog.seen(ledger, entry)
+                hold(msg, ledger, entry, batch)
+            else:
+                self._take_at(msg, ledger, entry, batch)
+
+    def _take_at(self, msg: pulsar.Message, ledger: int, entry: int, batch: int) -> None:
         if self._watchdog is not None:
             self._watchdog.seen(ledger, entry)
         gate = self._gate
-        if gate is None:
-            self._hold(msg)
+        if gate is None or gate.offer_next(ledger, entry, batch, msg):
+            # The common case: the next position (or no order kept): straight into the stream.
+            self._hold_at(msg, ledger, entry, batch)
             return
-        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
-        if gate.handled(pos):
+        if gate.handled_at(ledger, entry, batch):
             # Handled before, so never forwarded again. Acked only when that is confirmed;
             # otherwise its original is held or in flight and is acked with it (same id).
             self.stats.duplicates += 1
-            seq = sequence_id(pos.ledger, pos.entry, pos.batch)
+            seq = sequence_id(ledger, entry, batch)
             if seq <= self._done:
                 self.consumer.acknowledge(msg)
             log.debug("event=delay_level_redelivery partition=%s seq=%d done=%d", self.topic, seq, self._done)
             return
         waiting = len(gate)
+        pos = Pos(ledger, entry, batch, 0) if batch >= 0 else Pos(ledger, entry, 0, 1)  # as position_of
         for m in gate.offer(pos, msg):
             self._hold(m)
         if len(gate) and not waiting:
@@ -309,12 +342,17 @@ class PartitionForwarder:
                         gate.frontier, nxt, gate.first_waiting(), len(gate), now - self._gap_since)
 
     def _hold(self, msg: pulsar.Message) -> None:
-        """Read a message's properties once and compute its forward time; a malformed parked
-        message is due now (it is dead-lettered)."""
-        mid = msg.message_id()  # read once: each accessor is a call into the client
-        ledger, entry, batch = mid.ledger_id(), mid.entry_id(), mid.batch_index()
-        seq, ref = sequence_id(ledger, entry, batch), format_message_ref(ledger, entry, batch)
-        if not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
+        """`_hold_at` reading the message's position from its id."""
+        mid = msg.message_id()
+        self._hold_at(msg, mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+    def _hold_at(self, msg: pulsar.Message, ledger: int, entry: int, batch: int) -> None:
+        """Read a message's properties once and compute its forward time (its position is the
+        one `_take` read from its id); a malformed parked message is due now (it is dead-lettered)."""
+        seq = sequence_id(ledger, entry, batch)
+        # format_message_ref's value, formatted here: the accessors give ints already.
+        ref = f"{ledger}:{entry}:{batch}" if batch >= 0 else f"{ledger}:{entry}"
+        if batch > 0 and not self._warned_batch and 0 < self.policy.receiver_queue_size <= 2 * batch:
             # pulsar-lite keeps a killed consumer's negative permits: entries larger than half the
             # queue can leave the next syncer with nothing on this partition (producer.py).
             self._warned_batch = True
@@ -376,20 +414,20 @@ class PartitionForwarder:
         # received but not due stay held (at most one batch_receive's worth).
         batch: List[_Held] = []
         now = self.policy.clock()
-        while len(batch) < self.policy.batch_size:
-            if not self._held:
+        held, limit = self._held, self.policy.batch_size
+        while len(batch) < limit:
+            if not held:
                 if self._gate is not None and self._gate.full:
                     break
-                more = self.consumer.batch_receive()
+                more = self._batch_receive()
                 if not more:
                     break
-                for m in more:
-                    self._take(m)
-                if not self._held:
+                self._take_all(more)
+                if not held:
                     break  # all of them wait beyond a gap (or were copies of handled ones)
-            if self._held[0].due > now:
+            if held[0].due > now:
                 break
-            batch.append(self._held.popleft())
+            batch.append(held.popleft())
         self.policy.wait_for_room(self.stop)
         if self.stop.is_set():
             return  # unacked: redelivered to the next consumer
@@ -418,33 +456,44 @@ class PartitionForwarder:
         kinds: List[str] = []
         not_found: List[_Pending] = []
         with self._lock:
-            for held in batch:
-                msg, seq = held.msg, held.seq
-                cancel = None
-                if self._cancels:
+            if not self._cancels:
+                # The common case: nothing to cancel (none can be added while the lock is held).
+                out_message = self._out_message
+                for held in batch:
+                    topic, out, kind = out_message(held, held.seq)
+                    kinds.append(kind)
+                    if groups and groups[-1][0] == topic:
+                        groups[-1][1].append(out)
+                    else:
+                        groups.append((topic, [out]))
+                if batch:
+                    self._claimed = max(self._claimed, max([held.seq for held in batch]))
+            else:
+                for held in batch:
+                    msg, seq = held.msg, held.seq
                     cancel = self._cancels.pop(seq, None)
                     # Cancels of positions this batch passes without meeting them: the target is gone.
                     for missing in [s for s in self._cancels if s < seq]:
                         log.info("event=delay_level_cancel_target_not_found partition=%s seq=%d", self.topic, missing)
                         not_found.append(self._cancels.pop(missing))
-                if seq > self._claimed:
-                    self._claimed = seq
-                if cancel is not None:
-                    dropped.append((msg, cancel))
-                    continue
-                topic, out, kind = self._out_message(held, seq)
-                kinds.append(kind)
-                if groups and groups[-1][0] == topic:
-                    groups[-1][1].append(out)
-                else:
-                    groups.append((topic, [out]))
+                    if seq > self._claimed:
+                        self._claimed = seq
+                    if cancel is not None:
+                        dropped.append((msg, cancel))
+                        continue
+                    topic, out, kind = self._out_message(held, seq)
+                    kinds.append(kind)
+                    if groups and groups[-1][0] == topic:
+                        groups[-1][1].append(out)
+                    else:
+                        groups.append((topic, [out]))
         if len(groups) == 1 and not dropped and not not_found:
             # The common case: one topic, nothing cancelled. Send it and confirm the batches
             # before it (pipelined); this one is acked once the publisher's watermark passes it.
             topic, msgs = groups[0]
             outcomes = self.publisher.publish_many(topic, msgs)
             # The highest id, not the last: a message redelivered out of order can end a batch.
-            last = max(m.sequence_id for m in msgs)
+            last = max([m.sequence_id for m in msgs])
             record = topic != self.policy.near_term_topic  # the broker backend or the dead-letter topic
             self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes, record))
             self._settle(self.policy.pipeline_depth)
@@ -501,6 +550,11 @@ class PartitionForwarder:
         self._recorded = seq
 
     def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
+        if "dead-letter" not in kinds:  # the common case, counted per batch
+            duplicates = outcomes.count(Outcome.DUPLICATE)
+            self.stats.duplicates += duplicates
+            self.stats.forwarded += len(outcomes) - duplicates
+            return
         for kind, outcome in zip(kinds, outcomes):
             if outcome.value == "duplicate":
                 self.stats.duplicates += 1
@@ -512,7 +566,10 @@ class PartitionForwarder:
     def _out_message(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
         """(topic, message, "forward" | "dead-letter") for one due parked message."""
         msg, parked = held.msg, held.parked
-        props = {k: v for k, v in held.props.items() if k not in _NOT_FORWARDED}
+        props = held.props.copy()  # a dict of its own: the held one keeps base and level (dead letters)
+        for k in _NOT_FORWARDED:
+            if k in props:
+                del props[k]
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None

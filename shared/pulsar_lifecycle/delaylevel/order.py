@@ -95,12 +95,18 @@ def batch_size_of(serialized: bytes) -> int:
 
 
 class OrderGate(Generic[T]):
-    """Admits items (received messages) in strict position order; see the module docstring."""
+    """Admits items (received messages) in strict position order; see the module docstring.
+
+    The frontier is kept as plain ints (`frontier` builds its Pos on demand): `offer_next` and
+    `handled_at`, the per-message path of the forwarder, allocate nothing."""
 
     def __init__(self, frontier: Optional[Pos], cap: int, sizer: Optional[Callable[[T], int]] = None) -> None:
         if cap < 1:
             raise ValueError(f"cap must be >= 1, got {cap}")
-        self.frontier = frontier  # the last position admitted (None: nothing yet, e.g. a new partition)
+        # The last position admitted (None: nothing yet, e.g. a new partition) and its batch size
+        # (0: unknown).
+        self._key: Optional[Tuple[int, int, int]] = frontier.key if frontier is not None else None
+        self._size = frontier.size if frontier is not None else 0
         self.cap = cap
         # The batch size of an admitted item, read only when the next entry starts (it costs a
         # serialization of the message id); None: positions carry their size.
@@ -108,6 +114,12 @@ class OrderGate(Generic[T]):
         self._frontier_item: Optional[T] = None
         self._ahead: List[Tuple[Tuple[int, int, int], int, Pos, T]] = []  # heap by position
         self._tie = itertools.count()
+
+    @property
+    def frontier(self) -> Optional[Pos]:
+        """The last position admitted (None: nothing yet)."""
+        k = self._key
+        return None if k is None else Pos(k[0], k[1], k[2], self._size)
 
     def __len__(self) -> int:
         return len(self._ahead)
@@ -123,12 +135,33 @@ class OrderGate(Generic[T]):
 
     def handled(self, pos: Pos) -> bool:
         """True when `pos` is at or below the frontier: admitted before (a redelivery)."""
-        return self.frontier is not None and pos.key <= self.frontier.key
+        return self._key is not None and pos.key <= self._key
+
+    def handled_at(self, ledger: int, entry: int, batch: int) -> bool:
+        """`handled` for a message id's (ledger, entry, batch index); index -1 (outside a batch) counts as 0."""
+        return self._key is not None and (ledger, entry, batch if batch > 0 else 0) <= self._key
+
+    def offer_next(self, ledger: int, entry: int, batch: int, item: T) -> bool:
+        """The per-message fast path of `offer`, for a message id's (ledger, entry, batch index;
+        -1 outside a batch): when nothing waits beyond a gap and the position provably follows
+        the frontier, admit `item` and return True. Otherwise change nothing and return False
+        (the caller goes on with `handled` and `offer`)."""
+        if self._ahead:
+            return False
+        if batch < 0:  # a message outside a batch: index 0 of a one-message entry
+            if not self._follows(ledger, entry, 0):
+                return False
+            self._key, self._size, self._frontier_item = (ledger, entry, 0), 1, item
+            return True
+        if not self._follows(ledger, entry, batch):
+            return False
+        self._key, self._size, self._frontier_item = (ledger, entry, batch), 0, item
+        return True
 
     def offer(self, pos: Pos, item: T) -> List[T]:
         """Offer a received item above the frontier; returns the items admitted now, in order
         (`item` and any that waited behind it), or [] when it waits beyond a gap."""
-        if self._follows(pos):
+        if self._follows(pos.ledger, pos.entry, pos.batch):
             self._advance(pos, item)
             return [item] + self._release()
         heapq.heappush(self._ahead, (pos.key, next(self._tie), pos, item))
@@ -153,11 +186,11 @@ class OrderGate(Generic[T]):
         out: List[T] = []
         while self._ahead:
             pos = self._ahead[0][2]
-            assert self.frontier is not None
-            if pos.key <= self.frontier.key:
+            assert self._key is not None
+            if pos.key <= self._key:
                 heapq.heappop(self._ahead)  # another copy of an admitted position (acked with it)
                 continue
-            if not self._follows(pos):
+            if not self._follows(pos.ledger, pos.entry, pos.batch):
                 break
             item = heapq.heappop(self._ahead)[3]
             self._advance(pos, item)
@@ -165,17 +198,24 @@ class OrderGate(Generic[T]):
         return out
 
     def _advance(self, pos: Pos, item: T) -> None:
-        self.frontier, self._frontier_item = pos, item
+        self._key, self._size, self._frontier_item = pos.key, pos.size, item
 
-    def _follows(self, pos: Pos) -> bool:
-        f = self.frontier
-        if f is None:
+    def _follows(self, ledger: int, entry: int, batch: int) -> bool:
+        """True when (ledger, entry, batch) is provably the very next message after the frontier:
+        the next batch index of the same entry, or index 0 of the next entry once the frontier
+        was the last message of its batch (its size read with `sizer` when unknown). A ledger
+        change is never provable from the ids alone (a Reader decides)."""
+        f = self._key
+        if f is None or ledger != f[0]:
             return False
-        if f.followed_by(pos):
-            return True
-        if (f.size == 0 and self._sizer is not None and self._frontier_item is not None and pos.batch == 0
-                and pos.ledger == f.ledger and pos.entry == f.entry + 1):
+        if entry == f[1]:
+            return batch == f[2] + 1
+        if entry != f[1] + 1 or batch != 0:
+            return False
+        size = self._size
+        if size == 0:
+            if self._sizer is None or self._frontier_item is None:
+                return False
             # The next entry starts: was the frontier the last message of its batch?
-            self.frontier = f = Pos(f.ledger, f.entry, f.batch, self._sizer(self._frontier_item))
-            return f.followed_by(pos)
-        return False
+            size = self._size = self._sizer(self._frontier_item)
+        return size > 0 and f[2] == size - 1
