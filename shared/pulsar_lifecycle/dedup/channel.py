@@ -68,7 +68,7 @@ class PublishError(DedupError):
 
 class OutMessage(NamedTuple):
     """One message of `publish_many` (a NamedTuple: callers build one per message, and a frozen
-    dataclass costs about twice as much to build)."""
+    dataclass costs about three times as much to build)."""
 
     payload: bytes
     sequence_id: int

@@ -112,7 +112,7 @@ def forward_at(base_ms: int, k: int, unit_ms: int, deliver_at_ms: int, lookahead
 
 class Parked(NamedTuple):
     """The delay-level properties of one parked message (a NamedTuple: built once per parked
-    message, and a frozen dataclass costs twice as much to build)."""
+    message, and a frozen dataclass costs three times as much to build)."""
 
     deliver_at: int
     target: str
