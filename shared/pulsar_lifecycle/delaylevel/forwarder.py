@@ -18,10 +18,11 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
+from .. import native_consumer
 from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
@@ -237,28 +238,6 @@ class PartitionForwarder:
             log.error("event=delay_level_forwarder_failed partition=%s error=%r", self.topic, exc)
             self.stop.set()
 
-    def _native(self) -> Any:
-        """pulsar-client's native consumer behind `self.consumer` (None: another client layout,
-        or a consumer of the tests). Its messages have the same accessors as pulsar.Message,
-        without a Python wrapper built per message and a Python call per accessor; they are
-        acked through `self.consumer.acknowledge`, which takes them as they are."""
-        return getattr(self.consumer, "_consumer", None)
-
-    def _receive(self, timeout_ms: int) -> Optional[pulsar.Message]:
-        native = self._native()
-        try:
-            if native is not None:
-                return native.receive(timeout_ms)  # type: ignore[no-any-return]
-            return self.consumer.receive(timeout_millis=timeout_ms)
-        except pulsar.Timeout:
-            return None
-
-    def _batch_receive(self) -> List[pulsar.Message]:
-        native = self._native()
-        if native is not None:
-            return native.batch_receive()  # type: ignore[no-any-return]
-        return self.consumer.batch_receive()
-
     def _take(self, msg: pulsar.Message) -> None:
         """Route a received message: into the ordered stream (`_held`), to wait beyond a gap
         (OrderGate), or, a copy of a position handled before, acked without a forward."""
@@ -385,7 +364,7 @@ class PartitionForwarder:
                     return
             # With a batch in flight, only look for more without waiting: an idle partition
             # confirms and acks what it sent first.
-            msg = self._receive(1 if self._inflight else IDLE_WAIT_MS)
+            msg = native_consumer.receive(self.consumer, 1 if self._inflight else IDLE_WAIT_MS)
             if msg is None:
                 if self._inflight:
                     self._settle(0)
@@ -419,7 +398,7 @@ class PartitionForwarder:
             if not held:
                 if self._gate is not None and self._gate.full:
                     break
-                more = self._batch_receive()
+                more = native_consumer.batch_receive(self.consumer)
                 if not more:
                     break
                 self._take_all(more)

@@ -27,6 +27,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import pulsar
 
+from .. import native_consumer
 from ..clock import wall_clock_ms
 from ..stall_watchdog import StallWatchdog
 from .acker import BackgroundAcker
@@ -91,19 +92,13 @@ class SchedulingConsumer:
         """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
         self._acker.raise_if_failed()
         consumer = self._consumer
-        # pulsar-client's native consumer behind the public one (None: another client layout, or
-        # a consumer of the tests). Its messages have pulsar.Message's accessors without a Python
-        # wrapper built per message and a Python call per accessor (this runs once per scheduling
-        # message on the intake thread). They are acked through the public consumer, which takes
-        # them as they are (and stays the one seam a test patches, as for the delay-level forwarder).
-        native = getattr(consumer, "_consumer", None)
-        msgs = (native if native is not None else consumer).batch_receive()
+        # Through the native consumer where there is one (pulsar_lifecycle.native_consumer): this
+        # runs once per scheduling message on the intake thread; acks go through the public one.
+        msgs = native_consumer.batch_receive(consumer)
         if not msgs:
             # Idle: block on one message instead of polling batch_receive every few ms.
-            try:
-                first = (native.receive(IDLE_WAIT_MS) if native is not None
-                         else consumer.receive(timeout_millis=IDLE_WAIT_MS))
-            except pulsar.Timeout:
+            first = native_consumer.receive(consumer, IDLE_WAIT_MS)
+            if first is None:
                 # Idle, and once everything received is acked: the moment to look for a stall.
                 if self.watchdog is not None and self._acker.idle:
                     new = self.watchdog.check(consumer)
