@@ -5,7 +5,6 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from ..bucket import positions
-from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, MAX_INDEXABLE_ENTRY_ID
 from ..bucket.records import DelayedMessage
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..scheduling_protocol import (
@@ -52,10 +51,8 @@ def classify(
 ) -> Intake:
     """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
     ledger, entry, partition, batch_index = position
-    # positions.encode(entry, batch_index), inlined (once per scheduling message): batch index -1
-    # (not batched) counts as 0; a position whose index id would not fit 32 bits is refused.
-    batch = batch_index if batch_index > 0 else 0
-    if entry < 0 or entry > MAX_INDEXABLE_ENTRY_ID or batch > MAX_BATCH_INDEX:
+    index_entry = positions.encode(entry, batch_index)
+    if index_entry is None:
         return Invalid(f"message {ledger}:{entry}:{batch_index} is beyond the index's position range "
                        f"(entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
     try:
@@ -81,6 +78,6 @@ def classify(
              if k != TARGET_PROP and k != BATCH_INDEX_PROP and k not in DEDUP_PROPERTIES}
     if batch_index == 0:  # the index id cannot tell batch index 0 from "not batched": keep it
         props[BATCH_INDEX_PROP] = "0"
-    return DelayedMessage(ledger_id=ledger, entry_id=(entry << BATCH_BITS) | batch, partition=partition, deliver_at=deliver_at,
+    return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,
                           payload=bytes(payload), key=key or None, properties=props,
                           event_time=int(event_time or 0), target=target)
