@@ -49,6 +49,18 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
+def read_varint(buf: bytes, i: int) -> Tuple[int, int]:
+    """The protobuf varint at `buf[i]`: (value, index after it); IndexError when truncated."""
+    value = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        value |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return value, i
+
+
 def frame(blob: bytes) -> bytes:
     """`blob` as one element of a repeated length-delimited field 1."""
     n = len(blob)
@@ -180,15 +192,7 @@ def make_items(messages: Sequence[DelayedMessage], ts: Sequence[int]) -> List[It
     pos = 0
     for m, t in zip(messages, ts):
         # One element: the field-1 tag byte, the element's length as a varint, the element.
-        i = pos + 1
-        length = shift = 0
-        while True:
-            b = data[i]
-            i += 1
-            length |= (b & 0x7F) << shift
-            if b < 0x80:
-                break
-            shift += 7
+        length, i = read_varint(data, pos + 1)
         end = i + length
         append((t, m.ledger_id, m.entry_id, data[pos:end]))
         pos = end

@@ -27,6 +27,8 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable, Generic, List, Optional, Tuple, TypeVar
 
+from ..bucket.codec import read_varint
+
 __all__ = ["OrderGate", "Pos", "batch_size_of"]
 
 T = TypeVar("T")
@@ -58,32 +60,20 @@ class Pos:
                 and self.size > 0 and self.batch == self.size - 1)
 
 
-def _varint(buf: bytes, i: int) -> Tuple[int, int]:
-    """A protobuf varint at `buf[i]`: (value, index after it); IndexError when truncated."""
-    value = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return value, i
-
-
 def batch_size_of(serialized: bytes) -> int:
     """The batch size in a serialized MessageIdData (field 6; pulsar-client writes it for a
     message of a batch); 1 when absent (a message outside a batch), 0 when unreadable."""
     i, n = 0, len(serialized)
     try:
         while i < n:
-            tag, i = _varint(serialized, i)
+            tag, i = read_varint(serialized, i)
             number, wire = tag >> 3, tag & 7
             if wire == 0:
-                value, i = _varint(serialized, i)
+                value, i = read_varint(serialized, i)
                 if number == 6:
                     return value
             elif wire == 2:
-                length, i = _varint(serialized, i)
+                length, i = read_varint(serialized, i)
                 i += length
             elif wire in (1, 5):
                 i += 8 if wire == 1 else 4
