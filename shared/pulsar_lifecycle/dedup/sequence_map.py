@@ -321,12 +321,7 @@ class SequenceMap:
         `position` is None when the broker answered "duplicate" (-1:-1): the entry is already
         on the topic at an earlier position, so the last known position stays valid.
         """
-        self._apply_persisted(producer, seq, position)
-        self._entries += 1
-        self._since_snapshot += 1
-        if self._since_snapshot >= self.snapshot_interval:
-            return self.take_snapshot()
-        return None
+        return self.mark_persisted_run(producer, seq, 1, position)
 
     def mark_persisted_run(
         self, producer: str, seq: int, count: int, position: Optional[Position] = None
