@@ -30,6 +30,7 @@ from typing import Dict, List
 
 import pulsar
 
+from pulsar_lifecycle import native_consumer
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
 from pulsar_lifecycle.delaylevel.config import parse_syncer_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
@@ -254,7 +255,7 @@ def bench_forward_cost(n: int) -> None:
         fw = PartitionForwarder(0, topic, consumer, publisher, policy, threading.Event(),
                                 resubscribe=lambda _q: consumer, probe=lambda _after: None)
         # Received as the forwarder receives (it may skip pulsar.Message's Python wrapper).
-        msgs = [fw._receive(10_000) for _ in range(n)]  # noqa: SLF001
+        msgs = [native_consumer.receive(consumer, 10_000) for _ in range(n)]
         fw._take(msgs[0])  # noqa: SLF001 - the first message opens the order gate (a Reader would)
         for m in fw._gate.resolve(position_of(msgs[0].message_id(), with_size=True)):  # noqa: SLF001
             fw._hold(m)  # noqa: SLF001
