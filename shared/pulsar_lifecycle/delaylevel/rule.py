@@ -135,13 +135,6 @@ def parse_parked(props: Mapping[str, str], partition: int) -> Parked:
     """The delay-level properties of a message read from `partition`; ParkedMessageError names a
     missing or malformed one. A level other than the partition is an error too (a producer with
     another strategy wrote here)."""
-    get = props.get
-    raw_at, raw_base, raw_level, target = get(DELIVER_AT_PROP), get(BASE_PROP), get(LEVEL_PROP), get(TARGET_PROP)
-    if (raw_at is not None and raw_base is not None and raw_level is not None and target
-            and raw_at.isascii() and raw_at.isdigit() and raw_base.isascii() and raw_base.isdigit()
-            and raw_level.isascii() and raw_level.isdigit() and int(raw_level) == partition):
-        # The common case, once per parked message: every check below passes.
-        return Parked(int(raw_at), target, int(raw_base), partition)
     deliver_at = _int_prop(props, DELIVER_AT_PROP)
     base = _int_prop(props, BASE_PROP)
     level = _int_prop(props, LEVEL_PROP)
