@@ -26,13 +26,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pulsar
 
 from pulsar_lifecycle import native_consumer
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
-from pulsar_lifecycle.delaylevel.config import parse_syncer_config
+from pulsar_lifecycle.delaylevel.config import SyncerConfig, parse_syncer_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
@@ -151,11 +151,13 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
 
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
-                partitions: int, batch: int, pipeline_depth: int = 0, snapshot_interval: int = 1000) -> float:
+                partitions: int, batch: int, pipeline_depth: int = 0, snapshot_interval: int = 1000,
+                concurrency: Optional[int] = None) -> float:
     # The same receiver queue (1000) and batch size as the pipe.
+    extra = {} if concurrency is None else {"forwardConcurrency": concurrency}  # None: the shipped default
     cfg = syncer_config(business, sched, unit_s, unit_s * (partitions + 1), forwardBatchSize=batch,
                         receiverQueueSize=1000, forwardPipelineDepth=pipeline_depth,
-                        dedupSnapshotInterval=snapshot_interval)
+                        dedupSnapshotInterval=snapshot_interval, **extra)
     service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="bench-syncer",
                                       state=DirectoryStateStore(state, "public", "default", "bench"),
                                       record_metric=lambda _n, _v: None)
@@ -182,7 +184,7 @@ def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state:
 
 
 def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth: int = 0,
-                  snapshot_interval: int = 1000) -> None:
+                  snapshot_interval: int = 1000, concurrency: Optional[int] = None) -> None:
     unit_s = 1
     strategy = DelayLevelTopicPartitionStrategy(unit_s * (partitions + 1), PartitionBy.SECONDS, unit_seconds=unit_s)
     # Delays that put n/partitions messages in each partition; all due a few seconds later.
@@ -201,7 +203,8 @@ def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth
                     rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
                 else:
                     rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
-                                                   partitions, batch, pipeline_depth, snapshot_interval))
+                                                   partitions, batch, pipeline_depth, snapshot_interval,
+                                                   concurrency))
                 print(f"    run {run + 1} {kind}: {rates[kind][-1]:,.0f} msg/s")
         client.close()
     p, s = statistics.median(rates["pipe"]), statistics.median(rates["syncer"])
@@ -268,7 +271,7 @@ def bench_forward_cost(n: int) -> None:
         outs = [fw._out_message(h, h.seq)[1] for h in held]  # noqa: SLF001
         t2 = clock()
         for i in range(0, n, 500):
-            publisher.publish_many(sched, outs[i:i + 500])
+            fw._publish(sched, outs[i:i + 500])  # noqa: SLF001 - as the forwarder publishes
         t3 = clock()
         publisher.flush()
         for h in held:
@@ -350,6 +353,8 @@ def main() -> None:
                    help="the syncer's forwardPipelineDepth (0: send, confirm, ack)")
     b.add_argument("--snapshot-interval", type=int, default=1000,
                    help="the syncer's dedupSnapshotInterval (forwards per snapshot and its two fsyncs)")
+    b.add_argument("--forward-concurrency", type=int, default=None,
+                   help="the syncer's forwardConcurrency (partitions forwarding at once; default: the shipped one)")
     bc = sub.add_parser("forward-cost")
     bc.add_argument("--messages", type=int, default=10_000)
     c = sub.add_parser("rss")
@@ -363,8 +368,11 @@ def main() -> None:
     if args.cmd == "index":
         bench_index(args.messages_per_day, args.days, args.lookahead_ms, args.seed)
     elif args.cmd == "forward":
-        print(f"    forwardPipelineDepth {args.pipeline_depth}, dedupSnapshotInterval {args.snapshot_interval}")
-        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth, args.snapshot_interval)
+        concurrency = args.forward_concurrency or SyncerConfig.__dataclass_fields__["forward_concurrency"].default
+        print(f"    forwardPipelineDepth {args.pipeline_depth}, dedupSnapshotInterval {args.snapshot_interval}, "
+              f"forwardConcurrency {concurrency}")
+        bench_forward(args.messages, args.partitions, args.runs, args.batch, args.pipeline_depth, args.snapshot_interval,
+                      args.forward_concurrency)
     elif args.cmd == "forward-cost":
         bench_forward_cost(args.messages)
     elif args.cmd == "rss":

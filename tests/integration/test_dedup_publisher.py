@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import threading
+import types
 import time
 from collections import Counter
 from pathlib import Path
@@ -335,6 +336,32 @@ def test_publish_many_persists_a_burst_and_drops_duplicates(broker, unique, tmp_
         client.close()
     counts = count_topic(broker.service_url, topic, 510)
     assert counts == Counter({(NAME, s): 1 for s in range(1, 511)})
+
+
+def test_publish_many_with_owned_properties_writes_the_dedup_ones_into_the_callers_dicts(broker, unique, tmp_path):
+    """properties_owned: no copy; the dedup properties are written into each dict (replacing a
+    stale pair a forwarded message carried), and the messages recover like any others."""
+    topic = f"persistent://public/default/dmo-{unique}"
+    client = make_client(broker.service_url)
+    try:
+        pub = DedupPublisher(client, NAME, make_store(tmp_path))
+        dicts = [{"k": str(s), PRODUCER_PROPERTY: "someone-else", SEQUENCE_PROPERTY: "7"} for s in range(1, 101)]
+        burst = [OutMessage(f"m{s}".encode(), s, d) for s, d in zip(range(1, 101), dicts)]
+        assert pub.publish_many(topic, burst, properties_owned=True) == [Outcome.SENT] * 100
+        assert dicts[41] == {"k": "42", PRODUCER_PROPERTY: NAME, SEQUENCE_PROPERTY: "42"}  # the caller's own dict
+        # A mapping that is not a dict cannot be written into: it is checked and copied as usual.
+        frozen = OutMessage(b"m101", 101, types.MappingProxyType({"k": "101"}))
+        assert pub.publish_many(topic, [frozen], properties_owned=True) == [Outcome.SENT]
+        with pytest.raises(SequenceError):
+            pub.publish_many(topic, [OutMessage(b"zero", 0, {})], properties_owned=True)  # ids are still checked
+        pub.close()
+        again = DedupPublisher(client, NAME, make_store(tmp_path))
+        assert again.open(topic) == 101
+        again.close()
+    finally:
+        client.close()
+    counts = count_topic(broker.service_url, topic, 101)
+    assert counts == Counter({(NAME, s): 1 for s in range(1, 102)})
 
 
 def test_wait_persisted_confirms_one_burst_while_the_next_is_in_flight(broker, unique, tmp_path):

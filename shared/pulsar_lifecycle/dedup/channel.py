@@ -91,6 +91,20 @@ def snapshot_key(producer_name: str, topic: str) -> str:
     return f"{SNAPSHOT_KEY_PREFIX}/{producer_name}@{topic}"
 
 
+def _runs(accepted: List[Tuple[OutMessage, Dict[str, str]]]) -> List[List[Tuple[OutMessage, Dict[str, str]]]]:
+    """A burst's runs: all of it, except that a message over TRACK_EACH_ABOVE_BYTES is a run of its own."""
+    if not any(len(m.payload) > TRACK_EACH_ABOVE_BYTES for m, _ in accepted):
+        return [accepted] if accepted else []
+    runs: List[List[Tuple[OutMessage, Dict[str, str]]]] = [[]]
+    for mp in accepted:
+        if len(mp[0].payload) > TRACK_EACH_ABOVE_BYTES:
+            runs.append([mp])
+            runs.append([])
+        else:
+            runs[-1].append(mp)
+    return [run for run in runs if run]
+
+
 def safe_callback(cb: PublishCallback, result: PublishResult) -> None:
     """Run a caller's callback; an exception is logged, never raised into pulsar-client's thread."""
     try:
@@ -101,14 +115,16 @@ def safe_callback(cb: PublishCallback, result: PublishResult) -> None:
 
 @dataclass
 class PendingSend:
-    """One send in flight."""
+    """One send in flight, or a run of them: the `count` sends up to and including `seq`, of
+    which only the last has a completion callback (publish_many); pulsar-client completes a
+    producer's sends in order, so that callback completes the whole run."""
 
     seq: int
     callback: Optional[PublishCallback]
     done: bool = False
     position: Optional[Position] = None
-    tracked: bool = True  # False: completed by the next tracked send of the channel (publish_many)
-    stranded: bool = False  # untracked, and nothing will ever complete it (its channel failed)
+    count: int = 1
+    stranded: bool = False  # nothing will ever complete it (a send of the run raised; its channel failed)
 
 
 @dataclass
@@ -122,8 +138,7 @@ class TopicChannel:
     producer: Optional[pulsar.Producer] = None
     recovery: Optional[TailStats] = None
     pending: Deque[PendingSend] = field(default_factory=deque)
-    outstanding: int = 0  # sends whose callback has not run yet
-    untracked: int = 0  # untracked sends not yet completed by a tracked one
+    outstanding: int = 0  # sends not yet completed (a run counts its sends)
     # Duplicates of ids still in flight: (seq, tiebreak, callback), fired when persisted reaches seq.
     waiters: List[Tuple[int, int, PublishCallback]] = field(default_factory=list)
     failed: Optional[str] = None
@@ -208,10 +223,11 @@ class TopicChannel:
 
         Per burst, not per message (the syncer's forward rate, docs/benchmarks.md): every message
         is checked first, the sequence map and the in-flight list are updated under one lock,
-        then the accepted messages are sent in order, only the last one (and any over
-        TRACK_EACH_ABOVE_BYTES, and the one before such a message) with a completion callback."""
+        then the accepted messages are sent in order as runs (`PendingSend.count`), each with
+        one completion callback on its last send. A burst is one run, except that a message
+        over TRACK_EACH_ABOVE_BYTES is a run of its own (pulsar-client fails an oversized message
+        alone, while the ones after it succeed)."""
         name = self.producer_name
-        outcomes: List[Outcome] = []
         checked: List[Tuple[OutMessage, Dict[str, str]]] = []
         error: Optional[BaseException] = None
         for m in messages:
@@ -221,44 +237,40 @@ class TopicChannel:
                 error = exc
                 break
         with self.publish_lock:
-            accepted: List[Tuple[PendingSend, OutMessage, Dict[str, str]]] = []
             with self.cond:
                 if self.failed is not None:
                     raise self.failed_error()
                 seqmap = self.seqmap
                 fresh = seqmap.push_increasing(name, [m.sequence_id for m, _ in checked])
-                for (m, props), push in zip(checked, fresh):
-                    if not push:
+                if all(fresh):
+                    accepted = checked
+                    outcomes = [Outcome.SENT] * len(checked)
+                else:
+                    accepted, outcomes = [], []
+                    for mp, push in zip(checked, fresh):
+                        if push:
+                            accepted.append(mp)
+                            outcomes.append(Outcome.SENT)
+                            continue
                         self.duplicates += 1
                         outcomes.append(Outcome.DUPLICATE)
                         log.debug("event=dedup_duplicate_dropped topic=%s producer=%s seq=%d highest_persisted=%d",
-                                  self.topic, name, m.sequence_id, seqmap.highest_persisted(name))
-                        continue
-                    seq = m.sequence_id
-                    pending = PendingSend(seq, None, tracked=len(m.payload) > TRACK_EACH_ABOVE_BYTES)
-                    if pending.tracked and accepted and not accepted[-1][0].tracked:
-                        accepted[-1][0].tracked = True  # close the group before a message that may fail alone
-                        self.untracked -= 1
-                    elif not pending.tracked:
-                        self.untracked += 1
-                    self.pending.append(pending)
-                    accepted.append((pending, m, props))
-                    outcomes.append(Outcome.SENT)
+                                  self.topic, name, mp[0].sequence_id, seqmap.highest_persisted(name))
+                runs = _runs(accepted)
+                queued = [PendingSend(run[-1][0].sequence_id, None, count=len(run)) for run in runs]
+                self.pending.extend(queued)
                 self.outstanding += len(accepted)
-                if accepted and not accepted[-1][0].tracked:
-                    accepted[-1][0].tracked = True  # its completion completes the group
-                    self.untracked -= 1
-            for i, (pending, m, props) in enumerate(accepted):
+            for i, (pending, run) in enumerate(zip(queued, runs)):
                 try:
                     if self.failed is not None:
-                        # An earlier send of the burst failed (pulsar-client fails an oversized
+                        # An earlier run of the burst failed (pulsar-client fails an oversized
                         # message at once): nothing after it is sent.
                         raise self.failed_error()
-                    self.send(pending, m, props)
+                    self.send_run(pending, run)
                 except PublishError:
-                    # The channel failed (send stranded what it would have completed); the
-                    # accepted messages from here on will never be sent.
-                    for later, _, _ in accepted[i:]:
+                    # The channel failed (send_run stranded its run); the runs after it will
+                    # never be sent.
+                    for later in queued[i:]:
                         self.strand(later, "publish_many aborted before this send")
                     raise
         if error is not None:
@@ -266,59 +278,56 @@ class TopicChannel:
         return outcomes
 
     # -- sends in flight -------------------------------------------------------------------------
-    def track(self, pending: PendingSend) -> None:
-        """Give a not-yet-sent message its own completion callback (it closes the group)."""
-        with self.cond:
-            if not pending.tracked:
-                pending.tracked = True
-                self.untracked -= 1
-
     def strand(self, pending: PendingSend, reason: str) -> None:
-        """`pending`, and the untracked sends it would have completed, will never complete: fail
-        the channel and take them out of the in-flight count (the watermark stops there)."""
+        """`pending` (a send or a run) will never complete: fail the channel and take it out of
+        the in-flight count (the watermark stops before it)."""
         with self.cond:
             if self.failed is None:
                 self.failed, self.failed_seq = reason, pending.seq
-            for p in [p for p in self.pending if p is pending or not p.tracked]:
-                if not p.stranded and not p.done:
-                    p.stranded = True
-                    self.outstanding -= 1
-                    if not p.tracked:
-                        self.untracked -= 1
+            if not pending.stranded and not pending.done:
+                pending.stranded = True
+                self.outstanding -= pending.count
             self.cond.notify_all()
 
-    def send(self, pending: PendingSend, m: OutMessage, props: Dict[str, str]) -> None:
-        """Hand `m` to the producer; a completion callback only when `pending` is tracked."""
+    def send_run(self, pending: PendingSend, run: List[Tuple[OutMessage, Dict[str, str]]]) -> None:
+        """Hand a run's messages to the producer, the last one with the run's completion callback."""
         assert self.producer is not None
-        callback = (lambda res, msg_id: self.on_send_complete(pending, res, msg_id)) if pending.tracked else None
+        callback = lambda res, msg_id: self.on_send_complete(pending, res, msg_id)  # noqa: E731
+        last = len(run) - 1
+        i = 0
         try:
             raw = getattr(self.producer, "_producer", None)
             if raw is not None and _MessageBuilder is not None:
                 # pulsar.Producer.send_async builds the message with a type check and a call per
                 # property; building it here (one call for all properties) is the same message for
                 # a third of the cost. Fallback: the public call (another pulsar-client layout).
-                mb = _MessageBuilder().content(bytes(m.payload)).properties(props).sequence_id(m.sequence_id)
-                if m.partition_key:
-                    mb.partition_key(m.partition_key)
-                if m.event_timestamp:
-                    mb.event_timestamp(m.event_timestamp)
-                if m.deliver_at is not None:
-                    mb.deliver_at(int(m.deliver_at))
-                raw.send_async(mb.build(), callback)
+                builder, send = _MessageBuilder, raw.send_async
+                for i, (m, props) in enumerate(run):
+                    mb = builder().content(bytes(m.payload)).properties(props).sequence_id(m.sequence_id)
+                    if m.partition_key:
+                        mb.partition_key(m.partition_key)
+                    if m.event_timestamp:
+                        mb.event_timestamp(m.event_timestamp)
+                    if m.deliver_at is not None:
+                        mb.deliver_at(int(m.deliver_at))
+                    send(mb.build(), callback if i == last else None)
             else:
-                extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
-                self.producer.send_async(bytes(m.payload), callback, properties=props, partition_key=m.partition_key,
-                                         sequence_id=m.sequence_id, event_timestamp=m.event_timestamp, **extra)
+                for i, (m, props) in enumerate(run):
+                    extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
+                    self.producer.send_async(bytes(m.payload), callback if i == last else None, properties=props,
+                                             partition_key=m.partition_key, sequence_id=m.sequence_id,
+                                             event_timestamp=m.event_timestamp, **extra)
         except Exception as exc:
             self.strand(pending, f"send raised: {exc}")
+            seq = run[i][0].sequence_id
             log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", self.topic, self.producer_name,
-                      pending.seq, exc)
+                      seq, exc)
             raise PublishError(f"topic {self.topic} producer {self.producer_name}: send of sequence id "
-                               f"{pending.seq} failed: {exc}") from exc
-        self.sent += 1
+                               f"{seq} failed: {exc}") from exc
+        self.sent += len(run)
 
     def on_send_complete(self, pending: PendingSend, res: object, msg_id: object) -> None:
-        """pulsar-client's completion callback of a tracked send."""
+        """pulsar-client's completion callback of a send (of a run's last send)."""
         # Runs on pulsar-client's I/O thread: an exception escaping here kills the process.
         try:
             self.complete(pending, res, msg_id)
@@ -326,29 +335,14 @@ class TopicChannel:
             log.exception("event=dedup_callback_error topic=%s seq=%d", self.topic, pending.seq)
 
     def complete(self, pending: PendingSend, res: object, msg_id: object) -> None:
-        """Record the fate of `pending` (and of the untracked sends before it), move the persisted
-        watermark over the completed prefix and run the callbacks that became due."""
+        """Record the fate of `pending` (a send or a run), move the persisted watermark over the
+        completed prefix and run the callbacks that became due."""
         name = self.producer_name
         fire: List[Tuple[PublishCallback, PublishResult]] = []
         with self.cond:
-            self.outstanding -= 1
-            # Untracked sends before this one complete with it: pulsar-client completes a
-            # producer's sends in order (an ack out of order makes it reconnect and resend).
-            covered: List[PendingSend] = []
-            if self.untracked:
-                for p in self.pending:  # a plain loop: once per message of a burst, on the I/O thread
-                    if p is pending:
-                        break
-                    if not p.tracked and not p.done and not p.stranded:
-                        covered.append(p)
-                self.outstanding -= len(covered)
-                self.untracked -= len(covered)
-                if res != pulsar.Result.Ok:
-                    for p in covered:
-                        p.stranded = True
+            if not pending.stranded:
+                self.outstanding -= pending.count
             if res == pulsar.Result.Ok:
-                for p in covered:
-                    p.done = True
                 pos = position_of(msg_id)
                 # -1:-1 is broker de-duplication saying "already stored": a success.
                 broker_dup = pos.ledger_id < 0 and pos.entry_id < 0
@@ -358,6 +352,8 @@ class TopicChannel:
                     outcome = Outcome.DUPLICATE if broker_dup else Outcome.PERSISTED
                     fire.append((pending.callback, PublishResult(self.topic, pending.seq, outcome, pending.position)))
             else:
+                # A run's sends have no known fate but the last's: the whole run failed.
+                pending.stranded = True
                 err = str(res)
                 if self.failed is None:
                     self.failed, self.failed_seq = err, pending.seq
@@ -369,11 +365,11 @@ class TopicChannel:
             # never claims an id whose predecessors are not all on the topic.
             queue = self.pending
             if queue and queue[0].done:
-                # The completed prefix in one mark (a burst completes with its last send).
+                # The completed prefix in one mark.
                 count, last, position = 0, 0, None
                 while queue and queue[0].done:
                     head = queue.popleft()
-                    count += 1
+                    count += head.count
                     last = head.seq
                     if head.position is not None:
                         position = head.position

@@ -23,7 +23,7 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 import pulsar
 
 from .. import native_consumer
-from ..dedup.publisher import RESERVED_PROPERTIES, DedupPublisher, Outcome, OutMessage
+from ..dedup.publisher import DedupPublisher, Outcome, OutMessage
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
@@ -39,14 +39,12 @@ from .rule import (
     sequence_id,
     source_position,
 )
+from .slots import ForwardSlots
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ERROR_PROP", "ForwardPolicy", "ForwarderStats", "PartitionForwarder", "Probe", "position_of"]
 
-# Internal properties a forward does not carry: the dedup publisher adds its own; base and level
-# only served the forward time.
-_NOT_FORWARDED = frozenset(RESERVED_PROPERTIES) | {BASE_PROP, LEVEL_PROP}
 IDLE_WAIT_MS = 500  # longest blocking receive while the partition is empty (stop is checked in between)
 MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (wall-clock steps)
 FLUSH_TIMEOUT_S = 120.0
@@ -90,6 +88,8 @@ class ForwardPolicy:
     # Batches sent but not yet confirmed while the next one is taken and sent (each acked once
     # confirmed): hides the broker's round trip without acking anything early (forwardPipelineDepth).
     pipeline_depth: int = 0
+    # How many partitions forward at once (forwardConcurrency); None = no limit.
+    slots: Optional[ForwardSlots] = None
 
 
 @dataclass
@@ -382,8 +382,19 @@ class PartitionForwarder:
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
-        # The head is due: take it and the following due messages, up to a batch. Messages
-        # received but not due stay held (at most one batch_receive's worth).
+        # The head is due: forward it, holding one of the syncer's forward slots (slots.py).
+        slots = self.policy.slots
+        if slots is None:
+            self._forward_due(due)
+        elif slots.acquire(self.stop):
+            try:
+                self._forward_due(due)
+            finally:
+                slots.release()
+
+    def _forward_due(self, due: int) -> None:
+        """Take the due head and the following due messages, up to a batch, and forward them.
+        Messages received but not due stay held (at most one batch_receive's worth)."""
         batch: List[_Held] = []
         now = self.policy.clock()
         held, limit = self._held, self.policy.batch_size
@@ -463,7 +474,7 @@ class PartitionForwarder:
             # The common case: one topic, nothing cancelled. Send it and confirm the batches
             # before it (pipelined); this one is acked once the publisher's watermark passes it.
             topic, msgs = groups[0]
-            outcomes = self.publisher.publish_many(topic, msgs)
+            outcomes = self._publish(topic, msgs)
             # The highest id, not the last: a message redelivered out of order can end a batch.
             last = max([m.sequence_id for m in msgs])
             record = topic != self.policy.near_term_topic  # the broker backend or the dead-letter topic
@@ -473,7 +484,7 @@ class PartitionForwarder:
         self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []
         for topic, msgs in groups:
-            outcomes += self.publisher.publish_many(topic, msgs)
+            outcomes += self._publish(topic, msgs)
         # Ack only what the broker confirmed: flush raises if any send failed.
         self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
         self._record_handled(self._claimed)  # cancels leave no forward behind
@@ -495,6 +506,12 @@ class PartitionForwarder:
             pending.ack()
         self._done = max(self._done, self._claimed)
         self._count(kinds, outcomes)
+
+    def _publish(self, topic: str, msgs: List[OutMessage]) -> List[Outcome]:
+        # The forwards' properties dicts are the parked messages' own (Message.properties(): str
+        # -> str), built once by `_out_message`: handed over, not copied. The publisher writes its
+        # two properties into them, replacing any a parked message carried.
+        return self.publisher.publish_many(topic, msgs, properties_owned=True)
 
     def _settle(self, keep: int) -> None:
         """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
@@ -536,12 +553,12 @@ class PartitionForwarder:
                 self.stats.forwarded += 1
 
     def _out_message(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
-        """(topic, message, "forward" | "dead-letter") for one due parked message."""
+        """(topic, message, "forward" | "dead-letter") for one due parked message. Its properties
+        dict becomes the forward's (once per message: a forward is built once, and the dict is
+        handed to the publisher as it is; see `_publish`)."""
         msg, parked = held.msg, held.parked
-        props = held.props.copy()  # a dict of its own: the held one keeps base and level (dead letters)
-        for k in _NOT_FORWARDED:
-            if k in props:
-                del props[k]
+        props = held.props
+        base, level = props.pop(BASE_PROP, None), props.pop(LEVEL_PROP, None)  # they only served the forward time
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None
@@ -553,7 +570,9 @@ class PartitionForwarder:
         else:
             reason = ""
         if reason:
-            props.update({k: v for k, v in held.props.items() if k in (BASE_PROP, LEVEL_PROP)})  # kept for diagnosis
+            for name, value in ((BASE_PROP, base), (LEVEL_PROP, level)):
+                if value is not None:
+                    props[name] = value  # kept for diagnosis
             props[ERROR_PROP] = reason
             log.warning("event=delay_level_dead_letter partition=%s msg_id=%s reason=%r", self.topic, held.ref, reason)
             return self.policy.dead_letter_topic, OutMessage(msg.data(), seq, props, key, event_time), "dead-letter"

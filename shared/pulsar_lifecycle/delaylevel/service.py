@@ -25,6 +25,7 @@ from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder, position_of
 from .order import Pos
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
+from .slots import ForwardSlots
 from .trail import Checkpoint, ForwardTrail, TrailFormatError
 
 log = logging.getLogger(__name__)
@@ -194,7 +195,7 @@ class DelayLevelSyncerService:
             dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock, receiver_queue_size=cfg.receiver_queue_size,
-            pipeline_depth=cfg.forward_pipeline_depth)
+            pipeline_depth=cfg.forward_pipeline_depth, slots=ForwardSlots(cfg.forward_concurrency))
         try:
             # Recover every partition's dedup map before the first forward; in parallel, since
             # each recovery probes the topic's end (about 0.5 s on an idle topic).
