@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import os
 import threading
-import types
 import time
+import types
 from collections import Counter
 from pathlib import Path
 from typing import List

@@ -11,8 +11,8 @@ import pytest
 
 from pulsar_lifecycle.dedup.channel import (
     TRACK_EACH_ABOVE_BYTES,
-    OutMessage,
     Outcome,
+    OutMessage,
     PendingSend,
     PublishError,
     PublishResult,

@@ -62,7 +62,7 @@ def test_slots_are_handed_over_in_arrival_order_and_a_returning_holder_queues_be
         t = threading.Thread(target=waiter, args=(name,))
         t.start()
         threads.append(t)
-        wait_until(lambda: slots.waiting == i + 1)  # queued in this order
+        wait_until(lambda n=i + 1: slots.waiting == n)  # queued in this order
     slots.release()
     # The first holder asks again at once: it comes after b, c and d, however fast it is.
     assert slots.acquire(stop)
