@@ -382,7 +382,11 @@ class PartitionForwarder:
             # Hold the head and sleep until it is due: later messages are due no earlier.
             self.stop.wait(min(wait_ms / 1000.0, MAX_SLEEP_S))
             return
-        # The head is due: forward it, holding one of the syncer's forward slots (slots.py).
+        # The head is due: forward it, holding one of the syncer's forward slots (slots.py);
+        # back-pressure is waited for first, holding none.
+        self.policy.wait_for_room(self.stop)
+        if self.stop.is_set():
+            return  # unacked: redelivered to the next consumer
         slots = self.policy.slots
         if slots is None:
             self._forward_due(due)
@@ -411,7 +415,6 @@ class PartitionForwarder:
             if held[0].due > now:
                 break
             batch.append(held.popleft())
-        self.policy.wait_for_room(self.stop)
         if self.stop.is_set():
             return  # unacked: redelivered to the next consumer
         self.stats.forward_lag_ms = max(0, self.policy.clock() - due)
