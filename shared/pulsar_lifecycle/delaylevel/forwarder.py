@@ -1,11 +1,12 @@
 """`PartitionForwarder`: one delay-level partition -> the near-term path, exactly once.
 
-One thread per partition. It holds the partition's head message and sleeps until the head's
-forward time (no polling: the embedded broker has neither delayed delivery nor seek on live
-consumers, and none is needed, since forward times are monotone within a partition). When the
-head is due it takes the following messages that are due too (up to `forward_batch_size`),
-publishes them through its own DedupPublisher (producer `<prefix>-p<k>`, sequence ids from the
-source positions), waits until the broker confirmed them, and only then acks them.
+One thread per partition (at most `forwardConcurrency` of them forwarding at once: slots.py). It
+holds the partition's head message and sleeps until the head's forward time (no polling: the
+embedded broker has neither delayed delivery nor seek on live consumers, and none is needed,
+since forward times are monotone within a partition). When the head is due it takes the
+following messages that are due too (up to `forward_batch_size`), publishes them through its own
+DedupPublisher (producer `<prefix>-p<k>`, sequence ids from the source positions), waits until
+the broker confirmed them, and only then acks them.
 
 Memory: the consumer's receiver queue (bounded) plus one held head; never the backlog.
 A crash anywhere leaves the unacked messages on the subscription; they come back in order and
