@@ -306,9 +306,9 @@ class DedupPublisher:
     def _owned_message(self, payload: object, seq: int, properties: Optional[Mapping[str, str]]) -> Dict[str, str]:
         """`_checked_message` for a properties dict handed over (publish_many's `properties_owned`):
         the id and payload are checked, the dedup properties written into the dict itself."""
-        _check_id_and_payload(seq, payload)
         if type(properties) is not dict:
             return self._checked_message(payload, seq, properties)  # not a dict to write into
+        _check_id_and_payload(seq, payload)
         properties[PRODUCER_PROPERTY] = self.producer_name
         properties[SEQUENCE_PROPERTY] = str(seq)
         return properties
