@@ -1,0 +1,175 @@
+"""Resolving a pinned Apache Pulsar release from Maven Central into a per-machine cache.
+
+Real Pulsar here is the `pulsar-broker` artifact and its runtime dependencies (BookKeeper, its
+table service, ZooKeeper, the admin REST API), resolved by Maven from Maven Central only and
+run from the jars (runtime/pulsar_standalone.py). No tarball from anywhere else is used.
+
+The cache lives outside the repository: `$PULSAR_LIFECYCLE_CACHE` or
+`~/.cache/pulsar-lifecycle`, one folder per release holding the POM we resolve, a Maven settings
+file that sends every repository to Maven Central (the release's POMs also name Confluent's
+repository, which need not be reachable), Maven's local repository and the resolved classpath.
+It is resolved once per machine; a lock file makes parallel first runs wait for each other.
+
+Why 4.0.0: it is the 4.0 LTS line, and of the 4.0.x releases Maven Central serves here it is the
+one whose whole dependency set resolves (4.0.1-4.0.8 lack `jetcd-core-shaded` or
+`pulsar-opentelemetry` jars there). 4.2.4 resolves too, but without the binary distribution's
+pinned versions its OpenTelemetry jars disagree and the broker fails at start-up
+(NoSuchMethodError in `Ordered.loadOrderedList`). `$PULSAR_LIFECYCLE_PULSAR_VERSION` picks another.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional
+
+from ..exceptions import PulsarLifecycleError
+
+log = logging.getLogger(__name__)
+
+PULSAR_VERSION = "4.0.0"
+LOG4J_VERSION = "2.24.3"  # the broker's jars log through slf4j; log4j writes our own log file
+MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
+MIN_JAVA = 17
+
+
+class PulsarSetupError(PulsarLifecycleError, RuntimeError):
+    """Real Pulsar cannot be resolved or started here; the message says what to do."""
+
+
+def cache_root() -> Path:
+    """Where releases are resolved to (outside the repository)."""
+    env = os.environ.get("PULSAR_LIFECYCLE_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "pulsar-lifecycle"
+
+
+def pinned_version() -> str:
+    """The Apache Pulsar release the tests, benchmarks and demo run."""
+    return os.environ.get("PULSAR_LIFECYCLE_PULSAR_VERSION") or PULSAR_VERSION
+
+
+def java_executable() -> str:
+    """`java` of JAVA_HOME or PATH, checked to be Java 17 or newer."""
+    home = os.environ.get("JAVA_HOME")
+    java = str(Path(home) / "bin" / "java") if home and (Path(home) / "bin" / "java").is_file() else shutil.which("java")
+    if not java:
+        raise PulsarSetupError("real Pulsar needs Java 17+, and no `java` is on PATH: install one "
+                               "(apt-get install openjdk-17-jre-headless) or set JAVA_HOME")
+    try:
+        out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30).stderr
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PulsarSetupError(f"`{java} -version` failed ({exc}): install Java 17+ or set JAVA_HOME") from exc
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out)
+    major = int(m.group(1)) if m else 0
+    if major == 1 and m and m.group(2):
+        major = int(m.group(2))
+    if major < MIN_JAVA:
+        raise PulsarSetupError(f"real Pulsar needs Java {MIN_JAVA}+, {java} is Java {major or '?'}: "
+                               "install openjdk-17-jre-headless or set JAVA_HOME to a newer JDK")
+    return java
+
+
+@dataclass(frozen=True)
+class PulsarRelease:
+    """One resolved release: its version and the jars of its classpath."""
+
+    version: str
+    home: Path
+    classpath: List[str]
+
+    @property
+    def classpath_arg(self) -> str:
+        """The classpath as `java -cp` takes it."""
+        return os.pathsep.join(self.classpath)
+
+
+_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>pulsar-lifecycle.local</groupId>
+  <artifactId>pulsar-standalone-runtime</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencies>
+    <dependency><groupId>org.apache.pulsar</groupId><artifactId>pulsar-broker</artifactId><version>{version}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
+# Every repository a POM names goes to Maven Central: the release's parent POM also lists
+# Confluent's, which is neither needed nor reachable from every machine.
+_SETTINGS = """<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
+  <mirrors><mirror><id>maven-central-only</id><mirrorOf>*</mirrorOf><url>{central}</url></mirror></mirrors>
+</settings>
+"""
+
+
+def _cached(home: Path) -> Optional[List[str]]:
+    cp_file = home / "classpath.txt"
+    if not cp_file.is_file():
+        return None
+    jars = [p for p in cp_file.read_text().strip().split(os.pathsep) if p]
+    if not jars or not all(Path(j).is_file() for j in jars):
+        return None
+    return jars
+
+
+def _maven_failure(output: str, version: str) -> str:
+    """One line out of Maven's output: the artifact that did not resolve, or the last error."""
+    for pattern in (r"Could not find artifact (\S+)", r"The following artifacts could not be resolved: ([^:]+:[^:]+:[^:]+:[^:,]+)",
+                    r"Could not transfer artifact (\S+)", r"Could not resolve dependencies[^:]*: (.*?)(?: -> |$)"):
+        m = re.search(pattern, output)
+        if m:
+            return (f"Apache Pulsar {version} does not resolve from Maven Central ({m.group(1)}): check that "
+                    f"{MAVEN_CENTRAL} is reachable, or pick another release with PULSAR_LIFECYCLE_PULSAR_VERSION")
+    errors = [ln for ln in output.splitlines() if "[ERROR]" in ln and ln.strip() != "[ERROR]"]
+    last = errors[0].split("[ERROR]", 1)[1].strip()[:300] if errors else output.strip()[-300:]
+    return f"resolving Apache Pulsar {version} with Maven failed: {last}"
+
+
+def resolve(version: Optional[str] = None, progress: bool = True) -> PulsarRelease:
+    """The release's classpath, resolved with Maven on first use and cached for later runs."""
+    version = version or pinned_version()
+    home = cache_root() / f"pulsar-{version}"
+    jars = _cached(home)
+    if jars:
+        return PulsarRelease(version, home, jars)
+    home.mkdir(parents=True, exist_ok=True)
+    with open(home / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel first run resolves; we then use its result
+        jars = _cached(home)
+        if jars:
+            return PulsarRelease(version, home, jars)
+        mvn = shutil.which("mvn")
+        if not mvn:
+            raise PulsarSetupError(f"Apache Pulsar {version} is not in {home} yet and resolving it needs Maven: "
+                                   "install it (apt-get install maven) and run again")
+        (home / "pom.xml").write_text(_POM.format(version=version, log4j=LOG4J_VERSION))
+        (home / "settings.xml").write_text(_SETTINGS.format(central=MAVEN_CENTRAL))
+        cp_tmp = home / "classpath.txt.tmp"
+        cmd = [mvn, "-B", "-q", "-s", str(home / "settings.xml"), f"-Dmaven.repo.local={home / 'm2'}",
+               "dependency:build-classpath", f"-Dmdep.outputFile={cp_tmp}", "-Dmdep.includeScope=runtime"]
+        if progress:
+            log.warning("event=pulsar_resolving version=%s cache=%s hint='first run on this machine: Maven "
+                        "downloads about 260 MB from Maven Central once'", version, home)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=1800)
+        except subprocess.TimeoutExpired as exc:
+            raise PulsarSetupError(f"resolving Apache Pulsar {version} took over 30 minutes: "
+                                   f"check the network to {MAVEN_CENTRAL}") from exc
+        if proc.returncode != 0 or not cp_tmp.is_file():
+            (home / "maven.log").write_text(proc.stdout + proc.stderr)
+            raise PulsarSetupError(_maven_failure(proc.stdout + proc.stderr, version))
+        jars = [p for p in cp_tmp.read_text().strip().split(os.pathsep) if p]
+        os.replace(cp_tmp, home / "classpath.txt")
+        log.info("event=pulsar_resolved version=%s jars=%d seconds=%.1f cache=%s", version, len(jars),
+                 time.monotonic() - t0, home)
+        return PulsarRelease(version, home, jars)

@@ -1,0 +1,362 @@
+"""Real Apache Pulsar on 127.0.0.1: a standalone (broker, bookie, BookKeeper table service) from Maven jars.
+
+The counterpart of the embedded broker (runtime/broker.py) for tests, benchmarks and the demo
+that need what pulsar-lite lacks: delayed delivery (InMemory or Bucket tracker), broker-side
+de-duplication, the admin REST API, the bookie's HTTP admin API and the table service that holds
+function state. The release is resolved once per machine (runtime/pulsar_release.py) and started
+with `org.apache.pulsar.PulsarStandaloneStarter` on free loopback ports, with a configuration we
+write ourselves into the run's own data directory.
+
+`PULSAR_STANDALONE_USE_ZOOKEEPER=1` is set because only the ZooKeeper flavour of the standalone
+starts the table service (the default RocksDB metadata flavour starts bookies without it). The
+bookie reads its settings from the same file as the broker (PulsarStandalone loads it into the
+bookie's ServerConfiguration), which is how its HTTP admin API is turned on.
+
+No JVM outlives its owner: the JVM runs in a session of its own, `stop()` sends SIGTERM (the
+standalone's shutdown hook closes broker and bookie) and SIGKILL after a grace period, an atexit
+hook stops what is still running, and a watchdog process kills the JVM when the owning process
+dies without running either (SIGKILL of a test run included).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Dict, List, Optional
+
+from .broker import free_port, port_open
+from .pulsar_release import PulsarRelease, PulsarSetupError, java_executable, resolve
+
+log = logging.getLogger(__name__)
+
+TRACKERS = {
+    "inmemory": "org.apache.pulsar.broker.delayed.InMemoryDelayedDeliveryTrackerFactory",
+    "bucket": "org.apache.pulsar.broker.delayed.BucketDelayedDeliveryTrackerFactory",
+}
+
+# What Pulsar's bin/pulsar gives the JVM on Java 17 (netty, metrics and the bookie reach into
+# JDK internals) plus a small heap: one standalone per test run on a 2-core machine.
+_JVM_OPTS = [
+    "-Xms256m", "-Xmx1g", "-XX:MaxDirectMemorySize=1g", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
+    "--add-opens", "java.base/java.lang=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
+    "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens", "java.base/jdk.internal.loader=ALL-UNNAMED",
+    "--add-opens", "java.management/sun.management=ALL-UNNAMED",
+    "--add-opens", "jdk.management/com.sun.management.internal=ALL-UNNAMED",
+    "-Dio.netty.tryReflectionSetAccessible=true",
+    "-Dzookeeper.admin.enableServer=false",  # ZooKeeper's AdminServer would take 0.0.0.0:8080
+    "-Dzookeeper.4lw.commands.whitelist=ruok",
+    "-Djava.net.preferIPv4Stack=true",
+]
+
+_LOG4J = """status = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{ISO8601}} %-5p [%t] %c{{1}} - %m%n
+rootLogger.level = {level}
+rootLogger.appenderRef.file.ref = file
+"""
+
+# Kills the JVM when its owner dies without stopping it (the owner's SIGKILL included).
+_WATCHDOG = "while kill -0 {owner} 2>/dev/null; do sleep 0.5; done; kill -9 -{pgid} 2>/dev/null"
+
+
+@dataclass
+class PulsarStandalone:
+    """A real Apache Pulsar standalone owned by this object.
+
+    `tracker` chooses the broker's delayed-delivery tracker ("inmemory" or "bucket"),
+    `deduplication` the broker's de-duplication, `function_worker` whether the standalone runs
+    its function worker; `config` adds or overrides standalone.conf keys. `data_dir` is kept
+    across restarts when given, otherwise a temporary directory is used and removed on stop.
+    """
+
+    data_dir: Optional[Path] = None
+    tracker: str = "inmemory"
+    tick_millis: int = 1000
+    deduplication: bool = False
+    function_worker: bool = False
+    config: Dict[str, str] = field(default_factory=dict)
+    log_level: str = "warn"
+    start_timeout: float = 180.0
+    version: Optional[str] = None
+    broker_port: int = 0
+    web_port: int = 0
+    host: str = "127.0.0.1"
+    _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
+    _watchdog: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
+    _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
+    _tmp: Optional[str] = field(default=None, init=False, repr=False)
+    ports: Dict[str, int] = field(default_factory=dict, init=False)
+    release: Optional[PulsarRelease] = field(default=None, init=False, repr=False)
+    startup_seconds: float = field(default=0.0, init=False)
+
+    # -- addresses ----------------------------------------------------------------------------
+    @property
+    def service_url(self) -> str:
+        """The pulsar:// URL clients connect to."""
+        return f"pulsar://{self.host}:{self.ports['broker']}"
+
+    @property
+    def admin_url(self) -> str:
+        """The broker's admin REST API (and web service)."""
+        return f"http://{self.host}:{self.ports['web']}"
+
+    @property
+    def bookie_http_url(self) -> str:
+        """The bookie's HTTP admin API (`/api/v1/ledger/...`)."""
+        return f"http://{self.host}:{self.ports['bookie_http']}"
+
+    @property
+    def state_storage_url(self) -> str:
+        """The BookKeeper table service, as `--state-storage-service-url` takes it."""
+        return f"bk://{self.host}:{self.ports['stream']}"
+
+    @property
+    def pid(self) -> Optional[int]:
+        """The JVM's process id while it runs."""
+        return self._proc.pid if self._proc else None
+
+    @property
+    def log_path(self) -> Path:
+        """The standalone's log (broker, bookie, ZooKeeper, table service)."""
+        assert self.data_dir is not None
+        return Path(self.data_dir) / "logs" / "pulsar-standalone.log"
+
+    @property
+    def name(self) -> str:
+        """`pulsar` (the broker kind, as tests' ids and skip reasons say it)."""
+        return "pulsar"
+
+    def rss_bytes(self) -> int:
+        """The JVM's resident set size now (0 when it is not running)."""
+        if self._proc is None:
+            return 0
+        try:
+            with open(f"/proc/{self._proc.pid}/status") as fh:
+                for line in fh:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return 0
+        return 0
+
+    # -- configuration ------------------------------------------------------------------------
+    def _pick_ports(self) -> None:
+        wanted = {"broker": self.broker_port, "web": self.web_port}
+        for name, port in wanted.items():
+            if port and port_open(self.host, port):
+                raise PulsarSetupError(f"port {self.host}:{port} ({name}) is already in use: stop what listens "
+                                       "there or leave the port unset so a free one is picked")
+        taken: List[int] = []
+        for name in ("broker", "web", "zookeeper", "bookie", "bookie_http", "stream"):
+            port = wanted.get(name) or 0
+            while not port or port in taken:
+                port = free_port(self.host)
+            taken.append(port)
+            self.ports[name] = port
+
+    def _standalone_conf(self) -> str:
+        if self.tracker not in TRACKERS:
+            raise PulsarSetupError(f"unknown delayed-delivery tracker {self.tracker!r}: use one of {sorted(TRACKERS)}")
+        assert self.data_dir is not None
+        d = Path(self.data_dir)
+        conf: Dict[str, str] = {
+            "clusterName": "standalone",
+            "advertisedAddress": self.host,
+            "bindAddress": self.host,
+            "brokerServicePort": str(self.ports["broker"]),
+            "webServicePort": str(self.ports["web"]),
+            "managedLedgerDefaultEnsembleSize": "1",
+            "managedLedgerDefaultWriteQuorum": "1",
+            "managedLedgerDefaultAckQuorum": "1",
+            "brokerDeduplicationEnabled": str(self.deduplication).lower(),
+            "delayedDeliveryEnabled": "true",
+            "delayedDeliveryTrackerFactoryClassName": TRACKERS[self.tracker],
+            "delayedDeliveryTickTimeMillis": str(self.tick_millis),
+            # Topics stay until a test deletes them: an idle topic deleted by the broker would
+            # take its ledgers along while a test still counts on them.
+            "brokerDeleteInactiveTopicsEnabled": "false",
+            "allowAutoTopicCreationType": "non-partitioned",
+            "brokerShutdownTimeoutMs": "5000",
+            "loadBalancerEnabled": "false",
+            "webSocketServiceEnabled": "false",
+            # The bookie reads this file too (PulsarStandalone): its HTTP admin API on loopback.
+            "httpServerEnabled": "true",
+            "httpServerPort": str(self.ports["bookie_http"]),
+            "httpServerHost": self.host,
+            "httpServerClass": "org.apache.bookkeeper.http.vertx.VertxHttpServer",
+            "allowLoopback": "true",
+            "statsProviderClass": "org.apache.bookkeeper.stats.NullStatsProvider",
+            "dbStorage_writeCacheMaxSizeMb": "32",
+            "dbStorage_readAheadCacheMaxSizeMb": "32",
+            "dbStorage_rocksDB_blockCacheSize": "16777216",
+            "journalDirectory": str(d / "bookkeeper" / "journal"),
+            "ledgerDirectories": str(d / "bookkeeper" / "ledgers"),
+        }
+        conf.update({k: str(v) for k, v in self.config.items()})
+        return "".join(f"{k}={v}\n" for k, v in conf.items())
+
+    def _functions_worker_yml(self) -> str:
+        assert self.data_dir is not None
+        return (
+            "workerId: standalone\nworkerHostname: 127.0.0.1\n"
+            f"workerPort: {self.ports['web']}\n"
+            f"pulsarServiceUrl: {self.service_url}\npulsarWebServiceUrl: {self.admin_url}\n"
+            "pulsarFunctionsNamespace: public/functions\npulsarFunctionsCluster: standalone\n"
+            f"stateStorageServiceUrl: {self.state_storage_url}\n"
+            f"downloadDirectory: {Path(self.data_dir) / 'functions-download'}\n"
+            "numFunctionPackageReplicas: 1\n"
+            "functionRuntimeFactoryClassName: org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory\n"
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def start(self) -> "PulsarStandalone":
+        """Resolve the release (first run only), start the standalone and wait for its health check."""
+        if self._proc is not None:
+            raise PulsarSetupError("this standalone is already running")
+        java = java_executable()
+        self.release = resolve(self.version)
+        if self.data_dir is None:
+            self._tmp = tempfile.mkdtemp(prefix="pulsar-lifecycle-pulsar-")
+            self.data_dir = Path(self._tmp)
+        d = Path(self.data_dir)
+        (d / "logs").mkdir(parents=True, exist_ok=True)
+        if not self.ports:
+            self._pick_ports()
+        conf = d / "standalone.conf"
+        conf.write_text(self._standalone_conf())
+        (d / "log4j2.properties").write_text(_LOG4J.format(log=self.log_path, level=self.log_level.upper()))
+        args = ["--config", str(conf), "--zookeeper-port", str(self.ports["zookeeper"]),
+                "--bookkeeper-port", str(self.ports["bookie"]), "--stream-storage-port", str(self.ports["stream"]),
+                "--zookeeper-dir", str(d / "zookeeper"), "--bookkeeper-dir", str(d / "bookkeeper"),
+                "--advertised-address", self.host]
+        if self.function_worker:
+            fw = d / "functions_worker.yml"
+            fw.write_text(self._functions_worker_yml())
+            args += ["--functions-worker-conf", str(fw)]
+        else:
+            args.append("--no-functions-worker")
+        cmd = [java, *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
+               f"-Dpulsar.log.dir={d / 'logs'}", "-cp", self.release.classpath_arg,
+               "org.apache.pulsar.PulsarStandaloneStarter", *args]
+        env = dict(os.environ, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
+        self._log_file = open(d / "logs" / "stdout.log", "ab")
+        t0 = time.monotonic()
+        # cwd = data dir: the standalone resolves relative paths (data/, conf/) against it.
+        self._proc = subprocess.Popen(cmd, cwd=d, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, start_new_session=True)
+        self._watchdog = subprocess.Popen(
+            ["sh", "-c", _WATCHDOG.format(owner=os.getpid(), pgid=self._proc.pid)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        atexit.register(self.stop)
+        log.info("event=pulsar_starting version=%s pid=%d data_dir=%s ports=%s", self.release.version,
+                 self._proc.pid, d, self.ports)
+        try:
+            self._wait_ready(t0)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - t0
+        log.info("event=pulsar_started version=%s url=%s admin=%s seconds=%.1f rss_mb=%d", self.release.version,
+                 self.service_url, self.admin_url, self.startup_seconds, self.rss_bytes() // 2**20)
+        return self
+
+    def _wait_ready(self, t0: float) -> None:
+        deadline = t0 + self.start_timeout
+        health = f"{self.admin_url}/admin/v2/brokers/health"
+        while True:
+            assert self._proc is not None
+            rc = self._proc.poll()
+            if rc is not None:
+                raise PulsarSetupError(f"Apache Pulsar exited with rc={rc} while starting: {self._failure_line()} "
+                                       f"(log: {self.log_path})")
+            if port_open(self.host, self.ports["stream"]) and port_open(self.host, self.ports["bookie_http"]):
+                try:
+                    with urllib.request.urlopen(health, timeout=5) as resp:
+                        if resp.status == 200 and resp.read().strip() == b"ok":
+                            return
+                except (urllib.error.URLError, OSError):
+                    pass
+            if time.monotonic() > deadline:
+                raise PulsarSetupError(f"Apache Pulsar did not pass {health} within {self.start_timeout:.0f} s: "
+                                       f"{self._failure_line()} (log: {self.log_path})")
+            time.sleep(0.5)
+
+    def _failure_line(self) -> str:
+        """The first telling line of the logs (an address in use, an exception), else the last one."""
+        text = ""
+        for path in (self.log_path, Path(self.data_dir or ".") / "logs" / "stdout.log"):
+            try:
+                text += path.read_text(errors="replace")[-200_000:]
+            except OSError:
+                pass
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        for needle in ("Address already in use", "BindException", "NoSuchMethodError", "ClassNotFoundException",
+                       "Failed to start"):
+            for ln in lines:
+                if needle in ln:
+                    if needle in ("Address already in use", "BindException"):
+                        return f"a port is already in use ({ln[-200:]}): stop what listens there and retry"
+                    return ln[-300:]
+        return lines[-1][-300:] if lines else "(empty log)"
+
+    def stop(self, kill: bool = False, remove_data: Optional[bool] = None, timeout: float = 30.0) -> None:
+        """Stop the JVM (SIGTERM, SIGKILL after `timeout` or at once with `kill`); wait until it is gone."""
+        proc = self._proc
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL if kill else signal.SIGTERM)
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                log.warning("event=pulsar_stop_forced pid=%d after_seconds=%.0f", proc.pid, timeout)
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+            except ProcessLookupError:
+                pass
+            try:  # anything the JVM forked stays in its process group
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._proc = None
+            log.info("event=pulsar_stopped url=pulsar://%s:%s kill=%s", self.host, self.ports.get("broker"), kill)
+        if self._watchdog is not None:
+            try:
+                os.killpg(self._watchdog.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._watchdog.wait(timeout=5)
+            self._watchdog = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        atexit.unregister(self.stop)
+        if remove_data is None:
+            remove_data = self._tmp is not None
+        if remove_data and self.data_dir is not None:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+            self._tmp = None
+
+    def restart(self, kill: bool = False) -> None:
+        """Stop (or kill) and start again on the same ports and data directory."""
+        self.stop(kill=kill, remove_data=False)
+        self.start()
+
+    def __enter__(self) -> "PulsarStandalone":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+__all__ = ["PulsarStandalone", "PulsarSetupError", "TRACKERS"]
