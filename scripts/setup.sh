@@ -16,9 +16,19 @@ if [ "$extra" = "test" ] || [ "$extra" = "spark" ]; then
     $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q openjdk-17-jre-headless
   fi
 fi
+# Real Apache Pulsar (tests, `demo --pulsar`, benchmarks) is resolved from Maven Central with Maven,
+# once per machine, into ~/.cache/pulsar-lifecycle (runtime/pulsar_release.py).
+if [ "$extra" = "test" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
+  if ! command -v mvn >/dev/null; then
+    $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q maven
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[${extra}]"
+if [ "$extra" = "test" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
+  .venv/bin/python -m pulsar_lifecycle.runtime.pulsar_release  # resolves once; later runs find the cache
+fi
 echo "pulsar-lifecycle installed in $(pwd)/.venv"

@@ -173,3 +173,14 @@ def resolve(version: Optional[str] = None, progress: bool = True) -> PulsarRelea
         log.info("event=pulsar_resolved version=%s jars=%d seconds=%.1f cache=%s", version, len(jars),
                  time.monotonic() - t0, home)
         return PulsarRelease(version, home, jars)
+
+
+if __name__ == "__main__":  # scripts/setup.sh: resolve ahead of the first test or demo run
+    import sys
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        release = resolve()
+    except PulsarSetupError as exc:
+        sys.exit(f"Error: {exc}")
+    print(f"Apache Pulsar {release.version}: {len(release.classpath)} jars in {release.home}")

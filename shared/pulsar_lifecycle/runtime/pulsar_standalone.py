@@ -226,14 +226,14 @@ class PulsarStandalone:
         if self._proc is not None:
             raise PulsarSetupError("this standalone is already running")
         java = java_executable()
+        if not self.ports:
+            self._pick_ports()  # a busy port is refused before anything is resolved or started
         self.release = resolve(self.version)
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="pulsar-lifecycle-pulsar-")
             self.data_dir = Path(self._tmp)
         d = Path(self.data_dir)
         (d / "logs").mkdir(parents=True, exist_ok=True)
-        if not self.ports:
-            self._pick_ports()
         conf = d / "standalone.conf"
         conf.write_text(self._standalone_conf())
         (d / "log4j2.properties").write_text(_LOG4J.format(log=self.log_path, level=self.log_level.upper()))
