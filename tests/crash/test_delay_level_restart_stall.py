@@ -19,6 +19,7 @@ from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
+from support.broker_fixtures import kind_of
 from support.helpers import receive_payloads
 
 pytestmark = pytest.mark.integration
@@ -124,4 +125,9 @@ def test_a_partition_left_with_a_permit_deficit_is_unblocked_by_resubscribing(br
         producer.close()
         client.close()
     assert len(got) == n and len(set(got)) == n, f"{len(got)} of {n} forwarded"
-    assert resubscribed >= 1  # the deficit was real: the first consumer alone got nothing
+    if kind_of(broker) == "lite":
+        assert resubscribed >= 1  # the deficit was real: the first consumer alone got nothing
+    else:
+        # Real Pulsar gives the closed consumer's messages back and keeps no deficit: the
+        # watchdog's check finds nothing to do (the evidence that it is a pulsar-lite workaround).
+        assert resubscribed == 0

@@ -32,6 +32,11 @@ def broker_kinds() -> List[str]:
     return kinds
 
 
+def kind_of(broker: Any) -> str:
+    """`lite` or `pulsar`: which kind of broker a fixture gave."""
+    return "pulsar" if isinstance(broker, PulsarStandalone) else "lite"
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name in ("broker", "fresh_broker"):
         if name in metafunc.fixturenames:

@@ -135,7 +135,7 @@ class PulsarStandalone:
 
     @property
     def name(self) -> str:
-        """`pulsar` (the broker kind, as tests' ids and skip reasons say it)."""
+        """`pulsar`: the broker kind, as test ids and skip reasons name it."""
         return "pulsar"
 
     def rss_bytes(self) -> int:
