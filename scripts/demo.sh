@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# Sets up and runs the whole system on the embedded broker (no Pulsar needed).
+# Sets up and runs the whole system on the embedded broker (no Pulsar needed), or with --pulsar
+# on a real Apache Pulsar standalone on loopback (Java 17+ and Maven: setup installs them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+for arg in "$@"; do
+  # setup.sh then installs Maven and resolves the Pulsar release once per machine.
+  if [ "$arg" = "--pulsar" ]; then export PULSAR_LIFECYCLE_REAL_PULSAR=1; fi
+done
 scripts/setup.sh local
 # pulsar-client's own warnings (e.g. the dedup probes' "Topic has no messages") go to a file.
 mkdir -p .pulsar-lifecycle

@@ -8,8 +8,9 @@ SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
 if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/dev/null; then
   $SUDO apt-get update -q && $SUDO apt-get install -y -q python3 python3-venv python3-pip
 fi
-# The Spark commands (extras spark/test) need Java 17+; install a headless JRE when it is missing or older.
-if [ "$extra" = "test" ] || [ "$extra" = "spark" ]; then
+# The Spark commands (extras spark/test) and real Apache Pulsar need Java 17+; install a headless JRE
+# when it is missing or older.
+if [ "$extra" = "test" ] || [ "$extra" = "spark" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
   java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -1 \
                | awk '{ print ($1 == 1) ? $2 : $1 }' || true)
   if [ -z "${java_major:-}" ] || [ "$java_major" -lt 17 ]; then

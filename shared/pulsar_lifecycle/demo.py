@@ -1,17 +1,24 @@
-"""`pulsar-lifecycle demo`: the whole system on the embedded broker, end to end.
+"""`pulsar-lifecycle demo`: the whole system on the embedded broker or real Apache Pulsar, end to end.
 
-Starts one pulsar-lite, runs every shipped function with its function-config YAML through the
-local run mode, feeds each one and shows what comes out. Exit status 0 only if every scene
-saw what it expected.
+Starts one pulsar-lite (or, with `--pulsar`, a real Apache Pulsar standalone on loopback:
+runtime/pulsar_standalone.py), runs every shipped function with its function-config YAML through
+the local run mode, feeds each one and shows what comes out. Exit status 0 only if every scene
+saw what it expected. On real Pulsar the function state lives in the standalone's BookKeeper
+table service, and the partitioned topics the scenes use are created through its admin REST API
+(pulsar-lite creates `<topic>-partition-<k>` as a plain topic on first use; real Pulsar needs
+the partitioned topic's metadata first).
 """
 from __future__ import annotations
 
 import logging
+import signal
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, Union
 
 import click
 import pulsar
@@ -23,13 +30,22 @@ from .config.function_config import load_function_config, spec_from_config
 from .delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from .delaylevel.producer import DelayLevelProducer
 from .delaylevel.rule import ORIGIN_PARTITION_PROP
+from .deletion.admin import PulsarAdminClient
+from .deletion.model import TopicRef
+from .deletion.topics import DeletionTopics
 from .runtime.broker import EmbeddedBroker
 from .runtime.client import quiet_client, receive_messages
 from .runtime.localrun import LocalRunner, LocalRunOptions
+from .runtime.pulsar_release import cache_root, pinned_version, resolve
+from .runtime.pulsar_standalone import PulsarStandalone
+from .scheduler.wake import send_start_ticks
 from .scheduling_protocol import RELEASED_AT_PROP
 from .timing import DelayedProducer, now_ms
 
 log = logging.getLogger(__name__)
+
+# The broker a demo runs on: pulsar-lite (a child process) or a real Pulsar standalone (a JVM).
+DemoBroker = Union[EmbeddedBroker, PulsarStandalone]
 
 
 @dataclass
@@ -51,12 +67,33 @@ def find_config_dir() -> Path:
     raise click.ClickException("function-configs/ not found: run the demo from the project checkout")
 
 
-def start_function(config: Path, broker: EmbeddedBroker, data_dir: Path, **overrides) -> LocalRunner:
-    """Run one function config on `broker` via the local run mode."""
+def start_function(config: Path, broker: DemoBroker, data_dir: Path, **overrides: Any) -> LocalRunner:
+    """Run one function config on `broker` via the local run mode.
+
+    On real Pulsar the function state goes to the standalone's table service (as
+    `--state-storage-service-url` would send it); on pulsar-lite to `<data_dir>/<name>/state`.
+    """
     spec = spec_from_config(load_function_config(config), overrides or None)
-    opts = LocalRunOptions(broker_service_url=broker.service_url, data_dir=data_dir / spec.name,
-                           nack_redelivery_delay_ms=1000)
+    state_url = broker.state_storage_url if isinstance(broker, PulsarStandalone) else None
+    opts = LocalRunOptions(broker_service_url=broker.service_url, state_storage_service_url=state_url,
+                           data_dir=data_dir / spec.name, nack_redelivery_delay_ms=1000)
     return LocalRunner(spec, opts).start()
+
+
+def ensure_partitioned(broker: DemoBroker, topic: str, partitions: int) -> None:
+    """Give `topic` `partitions` partitions on real Pulsar (admin REST; an existing one is kept).
+
+    Nothing to do on pulsar-lite: its `default_partitions = 0` makes every `<topic>-partition-<k>`
+    a plain topic created on first use.
+    """
+    if not isinstance(broker, PulsarStandalone):
+        return
+    admin = PulsarAdminClient.connect([broker.admin_url])
+    try:
+        created = admin.create_partitioned_topic(TopicRef.parse(topic), partitions)
+    finally:
+        admin.close()
+    log.info("event=demo_partitioned_topic topic=%s partitions=%d created=%s", topic, partitions, created)
 
 
 def receive_n(client: pulsar.Client, topic: str, n: int, timeout: float) -> List[pulsar.Message]:
@@ -64,7 +101,7 @@ def receive_n(client: pulsar.Client, topic: str, n: int, timeout: float) -> List
     return receive_messages(client, topic, "demo-reader", n, timeout)
 
 
-def scene_example(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
+def scene_example(broker: DemoBroker, data_dir: Path, configs: Path) -> SceneResult:
     """The example function: inputs in, exclaimed outputs out."""
     runner = start_function(configs / "example-function.yaml", broker, data_dir)
     client = quiet_client(broker.service_url)
@@ -82,7 +119,14 @@ def scene_example(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> Scen
     return SceneResult("example-function", ["input", "output"], rows, ok)
 
 
-def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
+def _wait_started(runner: LocalRunner, timeout: float = 15.0) -> None:
+    """Wait until the runner's function built its service (on its first tick)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and getattr(runner.functions()[0], "service", None) is None:
+        time.sleep(0.05)
+
+
+def scene_delayed_delivery(broker: DemoBroker, data_dir: Path, configs: Path) -> SceneResult:
     """BucketSnapshotWriter + LedgerDeletionWorker: messages leave on time, exhausted snapshots
     are deleted through two-phase deletion."""
     snap_dir = data_dir / "bucket-snapshots"
@@ -92,8 +136,15 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
         wcfg["userConfig"], snapshotDir=str(snap_dir), snapshotDeletion="two-phase",
         snapshotDeletionSendDelaySeconds=1, maxUnackedPerBucket=4, tickTimeMillis=200))
     dcfg = load_function_config(configs / "ledger-deletion-worker.yaml")
-    # No admin REST or bookies here: the worker only serves the scheduler's snapshot requests.
+    # On real Pulsar the worker talks to the standalone's admin REST API and bookie HTTP API;
+    # pulsar-lite has neither, so there it only serves the scheduler's snapshot requests.
     duser = {k: v for k, v in dcfg["userConfig"].items() if k not in ("pulsarAdminUrl", "bookieHttpUrls")}
+    if isinstance(broker, PulsarStandalone):
+        duser.update(pulsarAdminUrl=broker.admin_url, bookieHttpUrls=[broker.bookie_http_url])
+    topics = DeletionTopics(namespace=duser["deletionNamespace"], topic_name=duser["deletionTopicName"],
+                            parallelism=duser["ledgerDeletionParallelism"])
+    for name in (topics.deletion_topic(None), topics.retry_topic(None)):
+        ensure_partitioned(broker, name, topics.parallelism)
     worker = start_function(configs / "ledger-deletion-worker.yaml", broker, data_dir, parallelism=1, userConfig=dict(
         duser, schedulingTopic=sched, reconsumeLaterSeconds=1,
         bucketSnapshotHooks="pulsar_lifecycle.scheduler.snapshot_deletion:snapshot_hooks",
@@ -101,10 +152,11 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
     client = quiet_client(broker.service_url)
     producer = DelayedProducer(client, scheduling_topic=sched)
     store = DirectorySnapshotStorage(snap_dir)
-    # The writer builds its service (recovery, publisher) on its first tick; start after that.
-    ready = time.monotonic() + 15
-    while time.monotonic() < ready and getattr(writer.functions()[0], "service", None) is None:
-        time.sleep(0.05)
+    # The shipped writer (tickMode hold) builds its service (recovery, publisher) on its first
+    # input message. One tick, as `pulsar-lifecycle send-ticks` sends it, starts it before the
+    # first order, so the table shows release times rather than the writer's start-up.
+    send_start_ticks(client, wcfg["userConfig"]["tickTopic"], 1)
+    _wait_started(writer)
     delays = [3500, 500, 2500, 0, 1500, 3000, 1000, 2000]
     try:
         start = now_ms()
@@ -139,14 +191,7 @@ def scene_delayed_delivery(broker: EmbeddedBroker, data_dir: Path, configs: Path
                        ["message", "deliver at", "released at", "lateness"], rows, ok and len(set(at)) == len(got), note)
 
 
-def _wait_started(runner: LocalRunner, timeout: float = 15.0) -> None:
-    """Wait until the runner's function built its service (on its first tick)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and getattr(runner.functions()[0], "service", None) is None:
-        time.sleep(0.05)
-
-
-def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> SceneResult:
+def scene_delay_level(broker: DemoBroker, data_dir: Path, configs: Path) -> SceneResult:
     """DelayLevelProducer -> delay-level partitions -> DelayLevelSyncer -> BucketSnapshotWriter:
     parked messages are forwarded a lookahead before their deliver-at and released on time."""
     ns = "persistent://public/default"
@@ -166,6 +211,7 @@ def scene_delay_level(broker: EmbeddedBroker, data_dir: Path, configs: Path) -> 
                                             tickMode="runner"))
     scfg = load_function_config(configs / "delay-level-syncer.yaml")
     strategy = DelayLevelTopicPartitionStrategy(max_s, PartitionBy.SECONDS, unit_seconds=unit_s)
+    ensure_partitioned(broker, f"{business}-delay-level", strategy.partitions)
     syncer = start_function(configs / "delay-level-syncer.yaml", broker, data_dir, name="dl-demo-syncer",
                             subName="dl-demo-syncer", inputSpecs={sticks: bytes_serde},
                             userConfig=dict(scfg["userConfig"], delayLevelTopic=f"{business}-delay-level",
@@ -224,35 +270,130 @@ def _snapshot_count(store: Any) -> int:
     return len(store.list_snapshots())
 
 
-SCENES: List[Callable[[EmbeddedBroker, Path, Path], SceneResult]] = [scene_example, scene_delayed_delivery,
-                                                                   scene_delay_level]
+SCENES: List[Callable[[DemoBroker, Path, Path], SceneResult]] = [scene_example, scene_delayed_delivery,
+                                                                 scene_delay_level]
+
+_MIB = 2**20
 
 
-def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None) -> bool:
-    """Run every scene on one embedded broker; print a table per scene; True if all passed."""
-    console = console or Console()
+def start_pulsar(data_dir: Path, console: Console) -> PulsarStandalone:
+    """Start a real Apache Pulsar standalone with its data in `data_dir`; say what it does first.
+
+    The release is resolved with Maven on a machine's first run (about 260 MB from Maven
+    Central, once), which takes minutes: the console says so before it starts.
+    """
+    version = pinned_version()
+    home = cache_root() / f"pulsar-{version}"
+    if not (home / "classpath.txt").is_file():
+        console.print(f"resolving Apache Pulsar {version} with Maven into {home}: first run on this machine, "
+                      "about 260 MB from Maven Central, once; later runs start from the cache", soft_wrap=True)
+    with console.status(f"resolving Apache Pulsar {version} ..."):
+        resolve(version, progress=False)
+    pulsar = PulsarStandalone(data_dir=data_dir, version=version)
+    with console.status(f"starting Apache Pulsar {version} standalone on 127.0.0.1 ..."):
+        pulsar.start()
+    console.print(f"[bold]Apache Pulsar {version}[/bold] standalone (pid {pulsar.pid}, data in {data_dir})\n"
+                  f"  broker {pulsar.service_url}   admin {pulsar.admin_url}\n"
+                  f"  bookie HTTP {pulsar.bookie_http_url}   table service (function state) {pulsar.state_storage_url}\n"
+                  f"  started in {pulsar.startup_seconds:.1f} s, RSS {pulsar.rss_bytes() / _MIB:.0f} MiB", soft_wrap=True)
+    return pulsar
+
+
+@dataclass
+class StopSignals:
+    """Ctrl-C and SIGTERM while the demo runs, remembered until the demo has stopped.
+
+    The handlers raise as usual (KeyboardInterrupt, SystemExit), but pulsar-client turns an
+    exception raised by a signal handler during one of its blocking calls into
+    `pulsar.Interrupted`, an ordinary Exception that a best-effort close may swallow. So the
+    signal is also kept, and `check()` between scenes raises it again.
+    """
+
+    received: List[int] = field(default_factory=list)
+    _previous: Dict[int, Any] = field(default_factory=dict, repr=False)
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():  # handlers can only be set there
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
+        self.received.append(signum)
+        log.info("event=demo_signal_received signal=%d", signum)
+        self._raise(signum)
+
+    @staticmethod
+    def _raise(signum: int) -> None:
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + signum)
+
+    def check(self) -> None:
+        """Raise again for a signal received so far (one a pulsar-client call swallowed)."""
+        if self.received:
+            self._raise(self.received[0])
+
+
+def run_scenes(broker: DemoBroker, data_dir: Path, console: Console, stop: Optional[StopSignals] = None) -> bool:
+    """Run every scene on `broker`; print a table per scene; True if all passed."""
     configs = find_config_dir()
+    ok = True
+    for scene in SCENES:
+        if stop is not None:
+            stop.check()
+        with console.status(f"running {scene.__name__} ..."):
+            result = scene(broker, data_dir, configs)
+        table = Table(title=f"{result.title} — {'OK' if result.ok else 'FAILED'}")
+        for col in result.columns:
+            table.add_column(col)
+        for row in result.rows:
+            table.add_row(*row)
+        console.print(table)
+        if result.note:
+            console.print(result.note)
+        ok = ok and result.ok
+    return ok
+
+
+def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None, pulsar: bool = False) -> bool:
+    """Run every scene on one embedded broker, or with `pulsar` on a real Apache Pulsar standalone.
+
+    The broker is stopped however the run ends (a failed scene, Ctrl-C, SIGTERM): the standalone's
+    JVM is stopped and waited for before this returns or raises. True if every scene passed.
+    """
+    console = console or Console()
+    find_config_dir()  # fail before any broker starts
     tmp = None
     if data_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="pulsar-lifecycle-demo-")
         data_dir = Path(tmp.name)
-    ok = True
-    with EmbeddedBroker(data_dir=data_dir / "broker") as broker:
-        console.print(f"[bold]embedded broker[/bold] {broker.service_url} (data in {data_dir})")
-        for scene in SCENES:
-            with console.status(f"running {scene.__name__} ..."):
-                result = scene(broker, data_dir, configs)
-            table = Table(title=f"{result.title} — {'OK' if result.ok else 'FAILED'}")
-            for col in result.columns:
-                table.add_column(col)
-            for row in result.rows:
-                table.add_row(*row)
-            console.print(table)
-            if result.note:
-                console.print(result.note)
-            ok = ok and result.ok
-    if tmp is not None:
-        tmp.cleanup()
+    try:
+        with StopSignals() as stop:
+            if pulsar:
+                standalone = start_pulsar(data_dir / "pulsar", console)
+                pid = standalone.pid
+                try:
+                    ok = run_scenes(standalone, data_dir, console, stop)
+                    console.print(f"Apache Pulsar RSS after the scenes: {standalone.rss_bytes() / _MIB:.0f} MiB")
+                finally:
+                    with console.status("stopping Apache Pulsar ..."):
+                        standalone.stop()
+                    console.print(f"Apache Pulsar stopped (pid {pid} has exited)")
+            else:
+                with EmbeddedBroker(data_dir=data_dir / "broker") as broker:
+                    console.print(f"[bold]embedded broker[/bold] {broker.service_url} (data in {data_dir})",
+                                  soft_wrap=True)
+                    ok = run_scenes(broker, data_dir, console, stop)
+            stop.check()
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
     console.print("[bold green]all scenes OK[/bold green]" if ok else "[bold red]some scenes FAILED[/bold red]")
     return ok
 
@@ -260,10 +401,13 @@ def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None)
 @click.command()
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Keep broker data and state here (default: a temporary directory).")
-def demo(data_dir: Optional[str]) -> None:
-    """Run the whole system on the embedded broker and show what every function does."""
+@click.option("--pulsar", "real_pulsar", is_flag=True, default=False,
+              help="Run on a real Apache Pulsar standalone on 127.0.0.1 (Java 17+; the first run resolves "
+                   "the release with Maven from Maven Central into ~/.cache/pulsar-lifecycle).")
+def demo(data_dir: Optional[str], real_pulsar: bool) -> None:
+    """Run the whole system on the embedded broker (or real Pulsar) and show what every function does."""
     # pulsar-client logs an ERROR for every empty topic the dedup recovery probes; expected here.
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("pulsar.client").setLevel(logging.CRITICAL)
-    if not run_demo(Path(data_dir) if data_dir else None):
+    if not run_demo(Path(data_dir) if data_dir else None, pulsar=real_pulsar):
         raise SystemExit(1)
