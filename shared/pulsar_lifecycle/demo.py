@@ -10,6 +10,7 @@ the partitioned topic's metadata first).
 """
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import tempfile
@@ -36,7 +37,7 @@ from .deletion.topics import DeletionTopics
 from .runtime.broker import EmbeddedBroker
 from .runtime.client import quiet_client, receive_messages
 from .runtime.localrun import LocalRunner, LocalRunOptions
-from .runtime.pulsar_release import cache_root, pinned_version, resolve
+from .runtime.pulsar_release import cache_root, java_executable, pinned_version, resolve
 from .runtime.pulsar_standalone import PulsarStandalone
 from .scheduler.wake import send_start_ticks
 from .scheduling_protocol import RELEASED_AT_PROP
@@ -282,6 +283,7 @@ def start_pulsar(data_dir: Path, console: Console) -> PulsarStandalone:
     The release is resolved with Maven on a machine's first run (about 260 MB from Maven
     Central, once), which takes minutes: the console says so before it starts.
     """
+    java_executable()  # a missing or old Java is reported before anything is downloaded
     version = pinned_version()
     home = cache_root() / f"pulsar-{version}"
     if not (home / "classpath.txt").is_file():
@@ -290,8 +292,14 @@ def start_pulsar(data_dir: Path, console: Console) -> PulsarStandalone:
     with console.status(f"resolving Apache Pulsar {version} ..."):
         resolve(version, progress=False)
     pulsar = PulsarStandalone(data_dir=data_dir, version=version)
+    # A standalone's stored metadata names the ports it first ran on (the table service's
+    # ZooKeeper address among them), so a kept --data-dir starts again on the same ports.
+    ports_file = data_dir / "demo-ports.json"
+    if ports_file.is_file():
+        pulsar.ports = {name: int(port) for name, port in json.loads(ports_file.read_text()).items()}
     with console.status(f"starting Apache Pulsar {version} standalone on 127.0.0.1 ..."):
         pulsar.start()
+    ports_file.write_text(json.dumps(pulsar.ports))
     console.print(f"[bold]Apache Pulsar {version}[/bold] standalone (pid {pulsar.pid}, data in {data_dir})\n"
                   f"  broker {pulsar.service_url}   admin {pulsar.admin_url}\n"
                   f"  bookie HTTP {pulsar.bookie_http_url}   table service (function state) {pulsar.state_storage_url}\n"
