@@ -10,7 +10,6 @@ the partitioned topic's metadata first).
 """
 from __future__ import annotations
 
-import json
 import logging
 import signal
 import tempfile
@@ -291,15 +290,10 @@ def start_pulsar(data_dir: Path, console: Console) -> PulsarStandalone:
                       "about 260 MB from Maven Central, once; later runs start from the cache", soft_wrap=True)
     with console.status(f"resolving Apache Pulsar {version} ..."):
         resolve(version, progress=False)
+    # A kept --data-dir starts again on the ports it ran on (PulsarStandalone keeps them there).
     pulsar = PulsarStandalone(data_dir=data_dir, version=version)
-    # A standalone's stored metadata names the ports it first ran on (the table service's
-    # ZooKeeper address among them), so a kept --data-dir starts again on the same ports.
-    ports_file = data_dir / "demo-ports.json"
-    if ports_file.is_file():
-        pulsar.ports = {name: int(port) for name, port in json.loads(ports_file.read_text()).items()}
     with console.status(f"starting Apache Pulsar {version} standalone on 127.0.0.1 ..."):
         pulsar.start()
-    ports_file.write_text(json.dumps(pulsar.ports))
     console.print(f"[bold]Apache Pulsar {version}[/bold] standalone (pid {pulsar.pid}, data in {data_dir})\n"
                   f"  broker {pulsar.service_url}   admin {pulsar.admin_url}\n"
                   f"  bookie HTTP {pulsar.bookie_http_url}   table service (function state) {pulsar.state_storage_url}\n"

@@ -20,6 +20,7 @@ dies without running either (SIGKILL of a test run included).
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import os
 import shutil
@@ -78,7 +79,8 @@ class PulsarStandalone:
     `tracker` chooses the broker's delayed-delivery tracker ("inmemory" or "bucket"),
     `deduplication` the broker's de-duplication, `function_worker` whether the standalone runs
     its function worker; `config` adds or overrides standalone.conf keys. `data_dir` is kept
-    across restarts when given, otherwise a temporary directory is used and removed on stop.
+    across restarts when given (a data dir that ran before starts on the ports it ran on, kept in
+    its ports.json), otherwise a temporary directory is used and removed on stop.
     """
 
     data_dir: Optional[Path] = None
@@ -152,7 +154,26 @@ class PulsarStandalone:
         return 0
 
     # -- configuration ------------------------------------------------------------------------
+    def _ports_file(self) -> Optional[Path]:
+        return Path(self.data_dir) / "ports.json" if self.data_dir is not None else None
+
+    def _reuse_ports(self) -> bool:
+        """The ports this data dir last ran on, when it ran before: the bookie registered itself
+        and the table service its ZooKeeper under them, so a restart must keep them."""
+        path = self._ports_file()
+        if path is None or not path.is_file():
+            return False
+        ports = {k: int(v) for k, v in json.loads(path.read_text()).items()}
+        busy = [f"{name} {port}" for name, port in ports.items() if port_open(self.host, port)]
+        if busy:
+            raise PulsarSetupError(f"{self.data_dir} last ran on fixed ports and {', '.join(busy)} is now in use "
+                                   "on 127.0.0.1: stop what listens there, or start on a fresh data dir")
+        self.ports = ports
+        return True
+
     def _pick_ports(self) -> None:
+        if self._reuse_ports():
+            return
         wanted = {"broker": self.broker_port, "web": self.web_port}
         for name, port in wanted.items():
             if port and port_open(self.host, port):
@@ -234,6 +255,7 @@ class PulsarStandalone:
             self.data_dir = Path(self._tmp)
         d = Path(self.data_dir)
         (d / "logs").mkdir(parents=True, exist_ok=True)
+        (d / "ports.json").write_text(json.dumps(self.ports))
         conf = d / "standalone.conf"
         conf.write_text(self._standalone_conf())
         (d / "log4j2.properties").write_text(_LOG4J.format(log=self.log_path, level=self.log_level.upper()))
