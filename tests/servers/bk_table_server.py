@@ -112,7 +112,7 @@ class _Record:
             mod_revision=self.mod_rev,
             version=self.version,
             is_number=self.is_number,
-            number_value=self.number if self.is_number else 0,
+            number_value=self.number if self.is_number else -1,  # what the real store sends for bytes
         )
 
 

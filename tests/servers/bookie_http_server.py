@@ -1,10 +1,15 @@
-"""A local bookie HTTP admin server for ledger deletion (reference §5.2, §5.3).
+"""A local bookie HTTP admin server for ledger deletion, answering as a real bookie does.
 
-  DELETE /api/v1/ledger/delete?ledger_id=N  -> 200 "Deleted ledger: N"; missing param -> 404;
-       missing ledger -> 200 with ledger_manager="zk" (idempotent ZK manager), 500 with
-       "metadata-store" (Pulsar's PulsarLedgerManager); other methods -> 404
-  GET /api/v1/ledger/metadata?ledger_id=N   -> {"N": LedgerMetadata} with customMetadata as base64;
-       missing ledger -> 500
+Checked against the bookie of an Apache Pulsar 4.0.0 standalone (ZooKeeper metadata,
+tests/integration/test_deletion_real_pulsar.py compares the shapes):
+
+  DELETE /api/v1/ledger/delete?ledger_id=N  -> 200 "Deleted ledger: N" (a JSON string); missing
+       param -> 404 "Not ledger found. Should provide ledger_id=<id>"; a missing ledger -> 200
+       with ledger_manager="zk" (what the ZooKeeper ledger manager answers), 500 with
+       "metadata-store"; other methods -> 404 "Not found method. Should be DELETE method"
+  GET /api/v1/ledger/metadata?ledger_id=N   -> {"N": LedgerMetadata} with customMetadata values
+       base64 and the real field names (`allEnsembles` of {"id": bookie}, `ctoken`); a missing
+       ledger -> 500 "Internal Server Error"
   GET /api/v1/ledger/list                   -> {"<id>": null, ...}; with print_metadata=true and
        decode_meta=true {"<id>": LedgerMetadata, ...}, and with page=N (1-based) only the ledgers at
        positions (N-1)*100 .. N*100-1 counted from 1, as BookKeeper's ListLedgerService does
@@ -14,6 +19,7 @@
 from __future__ import annotations
 
 import base64
+import json
 import random
 import time
 from typing import Any, Dict, List, Optional, Tuple
@@ -65,6 +71,7 @@ class BookieHttpServer(LocalHttpServer):
             return ledger_id in self.ledgers
 
     def _metadata_json(self, ledger_id: int) -> Dict[str, Any]:
+        # Field names and order as the bookie's LedgerMetadata JSON has them.
         md = self.ledgers[ledger_id]
         return {
             "ledgerId": ledger_id,
@@ -72,21 +79,23 @@ class BookieHttpServer(LocalHttpServer):
             "ensembleSize": 1,
             "writeQuorumSize": 1,
             "ackQuorumSize": 1,
-            "lastEntryId": 9,
+            "state": "CLOSED",
             "length": 1024,
+            "lastEntryId": 9,
+            "ctime": self.ctimes.get(ledger_id, int(time.time() * 1000)),
             "digestType": "CRC32C",
             "password": "",
-            "closed": True,
-            "state": "CLOSED",
-            "allEnsembles": {"0": ["127.0.0.1:3181"]},
-            "ctime": self.ctimes.get(ledger_id, int(time.time() * 1000)),
-            "cToken": 0,
             "customMetadata": {k: base64.b64encode(v.encode()).decode() for k, v in md.items()},
+            "closed": True,
+            "allEnsembles": {"0": [{"id": "127.0.0.1:3181"}]},
+            "ctoken": 0,
         }
 
     def route(self, method: str, path: str, params: Dict[str, str], body: bytes) -> Tuple[int, Any]:
         if path == "/api/v1/ledger/delete":
-            if method != "DELETE" or "ledger_id" not in params:
+            if method != "DELETE":
+                return 404, "Not found method. Should be DELETE method"
+            if "ledger_id" not in params:
                 return 404, "Not ledger found. Should provide ledger_id=<id>"
             lid = int(params["ledger_id"])
             with self.lock:
@@ -95,14 +104,14 @@ class BookieHttpServer(LocalHttpServer):
                     return 500, "Internal Server Error (poisoned ledger)"
                 if lid not in self.ledgers:
                     if self.ledger_manager == "zk":
-                        return 200, f"Deleted ledger: {lid}"
+                        return 200, json.dumps(f"Deleted ledger: {lid}")
                     return 500, "Internal Server Error"
                 del self.ledgers[lid]
                 self.deleted.append(lid)
                 if self.fail_after_delete_rate and self._after_rng.random() < self.fail_after_delete_rate:
                     self.injected_failures += 1
                     return 500, "Internal Server Error (injected after delete)"
-            return 200, f"Deleted ledger: {lid}"
+            return 200, json.dumps(f"Deleted ledger: {lid}")
         if path == "/api/v1/ledger/metadata":
             if method != "GET" or "ledger_id" not in params:
                 return 404, "Not found method. Should be GET method"

@@ -1,5 +1,8 @@
 """A local Pulsar admin REST server speaking the internalStats JSON (reference §6).
 
+Field names, 404 reasons and the partitioned shape are those of an Apache Pulsar 4.0.0 broker
+(tests/integration/test_deletion_real_pulsar.py compares them with a real standalone's).
+
 Endpoints (same paths as the broker's PersistentTopics v2 resource):
   GET /admin/v2/persistent/{tenant}/{ns}/{topic}/internalStats            -> PersistentTopicInternalStats
   GET /admin/v2/persistent/{tenant}/{ns}/{topic}/partitioned-internalStats -> PartitionedTopicInternalStats
@@ -179,17 +182,17 @@ class InternalStatsServer(LocalHttpServer):
                     return 500, {"reason": "Internal error (injected)"}
                 t = self.topics.get(topic)
                 if t is None:
-                    return 404, {"reason": "Topic not found"}
+                    return 404, {"reason": f"Topic persistent://{topic} not found"}
                 return 200, t.internal_stats()
             if method == "GET" and endpoint == "partitioned-internalStats":
                 n = self.partitioned.get(topic)
                 if not n:
-                    return 404, {"reason": f"Partitioned Topic not found: persistent://{topic} is not partitioned"}
+                    return 404, {"reason": f"Partitioned Topic persistent://{topic} not found"}
                 parts_stats = {
                     f"persistent://{topic}-partition-{k}": self.topics.get(f"{topic}-partition-{k}", TopicLedgers()).internal_stats()
                     for k in range(n)
                 }
-                return 200, {"metadata": {"partitions": n}, "partitions": parts_stats}
+                return 200, {"metadata": {"partitions": n, "deleted": False}, "partitions": parts_stats}
             if method == "PUT" and endpoint == "partitions":
                 if topic in self.partitioned:
                     return 409, {"reason": "This topic already exists"}
