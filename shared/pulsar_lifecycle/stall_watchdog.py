@@ -6,7 +6,15 @@ the whole subscription; it also re-dispatches all of a dead consumer's messages 
 in one round. So after a SIGKILL (or while another consumer of the subscription holds a large
 entry) a consumer can stay idle while messages wait (docs/delay-levels.md, "Lateness after a
 crash"). Each new consumer adds its queue to the subscription's permits, so re-subscribing
-unblocks it. Real Pulsar never needs this; there the check finds nothing and does nothing.
+unblocks it.
+
+Apache Pulsar drops a dead consumer with its permits, so there a consumer that has received
+messages is never stalled and the check finds nothing to do. A consumer that has received nothing
+since its start cannot tell a stall from a topic whose last message was acked before it started:
+it is re-subscribed blind, at most BLIND_RESUBSCRIBES times, on either broker (both shown by
+tests/integration/test_broker_quirks.py). The owner cannot know which broker it talks to, so the
+watchdog runs on both: on Apache Pulsar it costs one get_last_message_id per idle check (backing
+off to STALL_CHECK_MAX_S) and those blind re-subscriptions.
 
 Used by the delay-level forwarders and the bucket writer's direct intake. The owner calls
 `seen()` for what it receives, `flowing()` when messages arrive, and `check()` only while idle
@@ -74,6 +82,7 @@ class StallWatchdog:
             end = None
         if end is None or end[0] < 0 or end[1] < 0:
             return None  # nothing on the topic
+        blind = self.last_seen is None
         if self.last_seen is not None:
             if end <= self.last_seen:
                 return None  # drained: the last message is one we received
@@ -88,9 +97,10 @@ class StallWatchdog:
         self.queue_size = min(MAX_RESUBSCRIBE_QUEUE, 2 * self.queue_size)
         new = self._resubscribe(self.queue_size)
         self.resubscribed += 1
-        log.warning("event=%s topic=%s last_seen=%s topic_end=%s queue=%d "
-                    "reason='idle with messages beyond the last received (pulsar-lite permit stall)'",
-                    self._event, self.topic, self.last_seen, end, self.queue_size)
+        log.warning("event=%s topic=%s last_seen=%s topic_end=%s queue=%d blind=%s reason='%s'",
+                    self._event, self.topic, self.last_seen, end, self.queue_size, str(blind).lower(),
+                    "nothing received since the start; the topic may hold only acked messages" if blind
+                    else "idle with messages beyond the last received (a pulsar-lite permit stall)")
         try:
             consumer.close()
         except pulsar.PulsarException as exc:  # the new consumer already reads the topic

@@ -46,6 +46,7 @@ class TailStats:
     messages_read: int
     matched: int
     seconds: float
+    restarts: int = 0  # Readers replaced after a stall (READ_STALL_S)
 
 
 def position_of(message_id: object) -> Position:
@@ -191,9 +192,9 @@ def read_tail(
                 at_end = True
     finally:
         reader.close()
-    stats = TailStats(topic, start, end, read, matched, time.monotonic() - t0)
+    stats = TailStats(topic, start, end, read, matched, time.monotonic() - t0, restarts)
     log.info(
-        "event=dedup_tail_replayed topic=%s start=%s end=%s read=%d matched=%d seconds=%.3f",
-        topic, start, end, read, matched, stats.seconds,
+        "event=dedup_tail_replayed topic=%s start=%s end=%s read=%d matched=%d reader_restarts=%d seconds=%.3f",
+        topic, start, end, read, matched, restarts, stats.seconds,
     )
     return stats
