@@ -1,12 +1,12 @@
 """Issue 8, item 7: the whole --data-dir (embedded broker store, function state, bucket index) on a
 small filesystem that fills up while scheduling messages arrive; the writer is SIGKILLed while
 the disk is full, space returns, the writer restarts: every message the broker confirmed to its
-producer is released (none lost, none twice)."""
+producer is released (none lost, none twice). On real Apache Pulsar the broker keeps its own
+disk, as on a cluster: only the writer's --data-dir (function state, bucket index) fills up,
+while the broker confirms every send."""
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,10 +15,11 @@ import pulsar
 import pytest
 import yaml
 
-from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
+from support.broker_fixtures import broker_kinds
+from support.crash_runs import crash_broker, start_localrun
 from support.diskfull import SmallDisk
 from support.helpers import drain, stop_process, wait_for
 from support.paths import REPO
@@ -45,16 +46,6 @@ def _config(tmp_path: Path, unique: str) -> tuple:
     return path, sched, out
 
 
-def _localrun(config: Path, port: int, data_dir: Path, log: Path) -> subprocess.Popen:
-    with open(log, "ab") as err:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
-             "--function-config-file", str(config), "--embedded-broker-port", str(port), "--data-dir", str(data_dir)],
-            stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=log.parent)
-    assert wait_for(lambda: port_open("127.0.0.1", port), timeout=40), log.read_text()[-2000:]
-    return proc
-
-
 def _close_in_background(client: pulsar.Client, timeout: float = 15.0) -> None:
     """Close a client without letting a broker that stopped answering hang the test."""
     t = threading.Thread(target=client.close, daemon=True)
@@ -62,7 +53,9 @@ def _close_in_background(client: pulsar.Client, timeout: float = 15.0) -> None:
     t.join(timeout)
 
 
-def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(tmp_path, unique):
+@pytest.mark.parametrize("kind", broker_kinds())
+def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp_path, unique, kind):
+    broker = crash_broker(request, kind)
     try:
         disk = SmallDisk(tmp_path / "disk", size_mb=20, leave_bytes=8192)
     except RuntimeError:
@@ -70,14 +63,13 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(tmp_path, un
     data = disk.path / "data"
     log = tmp_path / "localrun.log"
     config, sched, out = _config(tmp_path, unique)
-    port = free_port()
-    proc = _localrun(config, port, data, log)
+    proc = start_localrun(config, broker, data, log)
     confirmed: set = set()
     before_kill = 0
     done = [0]
     lock = threading.Lock()
     try:
-        client = quiet_client(f"pulsar://127.0.0.1:{port}")
+        client = quiet_client(broker.service_url)
         # Nothing below may block on a broker that stopped answering: no queue-full blocking, no
         # flush(); every send completes through its callback within send_timeout.
         producer = client.create_producer(sched, batching_enabled=True, batching_max_publish_delay_ms=5,
@@ -117,9 +109,10 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(tmp_path, un
         proc.wait(timeout=30)
         _close_in_background(client)
         disk.release()
-        time.sleep(2.0)  # the killed run's broker stops after its grace period
-        proc = _localrun(config, port, data, log)
-        client = quiet_client(f"pulsar://127.0.0.1:{port}")
+        if broker.embedded_port:
+            time.sleep(2.0)  # the killed run's broker stops after its grace period
+        proc = start_localrun(config, broker, data, log)
+        client = quiet_client(broker.service_url)
         counter = client.subscribe(out, "count", consumer_type=pulsar.ConsumerType.Shared,
                                    initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=2000)
         got: dict = {}

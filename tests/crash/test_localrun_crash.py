@@ -14,6 +14,8 @@ import pytest
 from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.state.directory import DirectoryStateStore
+from support.broker_fixtures import broker_kinds
+from support.crash_runs import crash_broker
 from support.helpers import drain, publish_all, stop_process, wait_for
 from support.paths import REPO
 
@@ -63,26 +65,29 @@ def test_state_and_data_survive_restart_on_embedded_broker(tmp_path):
     assert store.get_counter("processed") >= 100
 
 
-def test_sigkill_mid_stream_every_input_produces_output(tmp_path, unique):
+@pytest.mark.parametrize("kind", broker_kinds())
+def test_sigkill_mid_stream_every_input_produces_output(request, tmp_path, unique, kind):
     """SIGKILL localrun while 10,000 messages flow, restart: every input has its output (counted).
 
-    localrun owns its embedded broker, as a user of the local run mode has it: the broker outlives
-    the killed runner by a grace period, then stops, and the next run starts it again. (A separate
-    pulsar-lite would keep a reset client's consumer and its unacked messages: docs/operations.md.)
+    On pulsar-lite localrun owns its embedded broker, as a user of the local run mode has it: the
+    broker outlives the killed runner by a grace period, then stops, and the next run starts it
+    again. (A separate pulsar-lite would keep a reset client's consumer and its unacked messages:
+    docs/operations.md.) On real Apache Pulsar the broker lives on (`--broker-service-url`).
     """
-    port = free_port()
-    url = f"pulsar://127.0.0.1:{port}"
+    broker = crash_broker(request, kind)
+    url = broker.service_url
     n = 10_000
     src = f"persistent://public/default/crash-in-{unique}"
     dst = f"persistent://public/default/crash-out-{unique}"
     # No per-message state write: this test is about delivery, and an fsync per message under a
     # busy disk would make it a disk benchmark.
-    args = ("--embedded-broker-port", str(port), "--data-dir", str(tmp_path), "-i", src, "-o", dst,
+    args = (*broker.localrun_args(), "--data-dir", str(tmp_path), "-i", src, "-o", dst,
             "--subs-name", f"crash-{unique}", "--subs-position", "Earliest",
             "--user-config", '{"countProcessed": false}')
     log = tmp_path / "localrun.log"
     proc = _localrun(*args, log=log)
-    assert wait_for(lambda: port_open("127.0.0.1", port), timeout=30), log.read_text()
+    if broker.embedded_port:
+        assert wait_for(lambda: port_open("127.0.0.1", broker.embedded_port), timeout=30), log.read_text()
     client = quiet_client(url)
     counter = client.subscribe(dst, "count", consumer_type=pulsar.ConsumerType.Shared,
                                initial_position=pulsar.InitialPosition.Earliest)

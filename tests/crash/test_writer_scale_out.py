@@ -1,13 +1,13 @@
-"""Writer scale-out on the embedded broker: 4 scheduling partitions, `localrun --parallelism`
-1 -> 2 -> 3 -> 1 with a SIGKILL before every change. Every message is released exactly once
-(counted on the output topic from its start) and none before its deliver-at time; each phase's
-partition leases name the owner the assignment gives (k % parallelism)."""
+"""Writer scale-out (function-configs/bucket-snapshot-writer-partitioned.yaml) on pulsar-lite and
+on real Apache Pulsar: 4 scheduling partitions, `localrun --parallelism` 1 -> 2 -> 3 -> 1 with a
+SIGKILL before every change. Every message is released exactly once (counted on the output topic
+from its start) and none before its deliver-at time; each phase's partition leases name the
+owner the assignment gives (k % parallelism). On pulsar-lite the partitions are addressed by
+name; on real Pulsar the scheduling topic is a partitioned topic created through the admin REST
+API, and producers publish to it as usual (the client spreads the messages over its partitions)."""
 from __future__ import annotations
 
 import random
-import signal
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -18,9 +18,17 @@ import yaml
 
 from pulsar_lifecycle.bucket.storage.directory_lease import DirectoryLease
 from pulsar_lifecycle.config.function_config import load_function_config
-from pulsar_lifecycle.runtime.broker import free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, RELEASED_AT_PROP
+from support.broker_fixtures import broker_kinds
+from support.crash_runs import (
+    crash_broker,
+    create_partitioned_topic,
+    partition_count,
+    sigkill,
+    start_localrun,
+    topic_stats,
+)
 from support.helpers import publish_all, stop_process, wait_for
 from support.paths import REPO
 
@@ -30,7 +38,7 @@ PER_PARTITION = 40  # per phase
 
 
 def _config(tmp_path: Path, unique: str) -> tuple:
-    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer.yaml")
+    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer-partitioned.yaml")
     sched = f"persistent://public/default/so-sched-{unique}"
     ticks = f"persistent://public/default/so-ticks-{unique}"
     out = f"persistent://public/default/so-out-{unique}"
@@ -45,15 +53,6 @@ def _config(tmp_path: Path, unique: str) -> tuple:
     return path, cfg, sched, out
 
 
-def _localrun(config: Path, parallelism: int, port: int, data: Path, log: Path) -> subprocess.Popen:
-    with open(log, "ab") as err:  # a file: an undrained PIPE would block the child
-        return subprocess.Popen(
-            [sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "WARNING", "localrun",
-             "--function-config-file", str(config), "--parallelism", str(parallelism),
-             "--data-dir", str(data), "--embedded-broker-port", str(port)],
-            stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
-
-
 def _owners(partition_dirs: list) -> dict:
     """partition -> (epoch, instance id) from each partition's lease record."""
     out = {}
@@ -64,11 +63,15 @@ def _owners(partition_dirs: list) -> dict:
     return out
 
 
-def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(tmp_path):
+@pytest.mark.parametrize("kind", broker_kinds())
+def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(request, tmp_path, kind):
+    broker = crash_broker(request, kind)
     # Short names: the dedup state's file names hold the producer and topic names.
     config, cfg, sched, out = _config(tmp_path, uuid.uuid4().hex[:8])
-    port = free_port()
-    url = f"pulsar://127.0.0.1:{port}"
+    url = broker.service_url
+    if broker.standalone is not None:
+        create_partitioned_topic(broker.admin_url, sched, PARTITIONS)
+        assert partition_count(broker.admin_url, sched) == PARTITIONS
     data = tmp_path / "data"
     log = tmp_path / "localrun.log"
     table = f"public_default_{cfg['name']}".replace("-", "_")
@@ -79,15 +82,18 @@ def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(tmp_path):
     proc = None
     try:
         for phase, parallelism in enumerate((1, 2, 3, 1)):
-            proc = _localrun(config, parallelism, port, data, log)
-            assert wait_for(lambda: port_open("127.0.0.1", port), timeout=30), log.read_text()[-3000:]
+            proc = start_localrun(config, broker, data, log, "--parallelism", str(parallelism))
             client = quiet_client(url)
             try:
                 now = int(time.time() * 1000)
-                for k in range(PARTITIONS):
-                    prod = client.create_producer(f"{sched}-partition-{k}", batching_enabled=True,
-                                                  batching_max_publish_delay_ms=5)
-                    keys = [f"p{phase}-k{k}-{i}" for i in range(PER_PARTITION)]
+                # pulsar-lite: a producer per partition, by name; real Pulsar: one on the
+                # partitioned topic, round robin over its partitions (per message: unbatched).
+                on_pulsar = broker.standalone is not None
+                targets = [sched] if on_pulsar else [f"{sched}-partition-{k}" for k in range(PARTITIONS)]
+                for k, target in enumerate(targets):
+                    prod = client.create_producer(target, batching_enabled=not on_pulsar, batching_max_publish_delay_ms=5,
+                                                  message_routing_mode=pulsar.PartitionsRoutingMode.RoundRobinDistribution)
+                    keys = [f"p{phase}-k{k}-{i}" for i in range(PER_PARTITION * PARTITIONS // len(targets))]
                     # Due from 0.3 s to 6 s ahead: some leave in this phase, the rest across the kills.
                     due = [now + rng.randint(300, 6000) for _ in keys]
                     publish_all(prod, [x.encode() for x in keys], [{DELIVER_AT_PROP: str(d)} for d in due])
@@ -107,8 +113,7 @@ def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(tmp_path):
             epochs.update({k: e for k, (e, _) in _owners(partition_dirs).items()})
             time.sleep(2.5)  # releases flow; the kill lands among them
             if phase < 3:
-                proc.send_signal(signal.SIGKILL)
-                proc.wait(timeout=10)
+                sigkill(proc)
 
         # The last phase (parallelism 1) releases the rest; read the output topic from its start.
         client = quiet_client(url)
@@ -142,6 +147,10 @@ def test_parallelism_1_2_3_1_with_sigkills_exactly_once_never_early(tmp_path):
     finally:
         if proc is not None:
             stop_process(proc)
+    if broker.standalone is not None:  # the messages really came through every partition
+        received = {k: topic_stats(broker.admin_url, f"{sched}-partition-{k}").get("msgInCounter", 0)
+                    for k in range(PARTITIONS)}
+        assert all(received.values()), received
     missing = sorted(set(sent) - set(got))
     twice = {k: v for k, v in got.items() if len(v) > 1}
     unknown = sorted(set(got) - set(sent))

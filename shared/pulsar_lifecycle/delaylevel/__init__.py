@@ -10,6 +10,7 @@ from .errors import (
     DelayLevelError,
     DelayTooLongError,
     ParkedMessageError,
+    PartitionRefusedError,
     ShrinkRefusedError,
     StrategyError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "DelayTooLongError",
     "ParkedMessageError",
     "PartitionBy",
+    "PartitionRefusedError",
     "ShrinkRefusedError",
     "StrategyError",
     "cancel_topic",

@@ -11,8 +11,8 @@ class DelayLevelError(PulsarLifecycleError):
 
 # ConfigError (a setting is invalid; the message names the key and the value) is the package-wide
 # one of config/exceptions.py, raised by the shared userConfig converters too.
-__all__ = ["ConfigError", "DelayLevelError", "DelayTooLongError", "ParkedMessageError", "ShrinkRefusedError",
-           "StrategyError", "TrailFormatError"]
+__all__ = ["ConfigError", "DelayLevelError", "DelayTooLongError", "ParkedMessageError", "PartitionRefusedError",
+           "ShrinkRefusedError", "StrategyError", "TrailFormatError"]
 
 
 class StrategyError(DelayLevelError, ConfigError):
@@ -25,6 +25,10 @@ class DelayTooLongError(DelayLevelError, ValueError):
 
 class ShrinkRefusedError(DelayLevelError):
     """Fewer partitions were configured while a removed partition still holds parked messages."""
+
+
+class PartitionRefusedError(DelayLevelError):
+    """The broker refuses a partition the strategy needs (a partitioned topic with fewer partitions)."""
 
 
 class ParkedMessageError(DelayLevelError, ValueError):

@@ -20,7 +20,7 @@ from ..state.base import StateStore
 from ..timing.delayed_producer import DelayedProducer
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
-from .errors import ConfigError, ParkedMessageError, ShrinkRefusedError
+from .errors import ConfigError, ParkedMessageError, PartitionRefusedError, ShrinkRefusedError
 from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder, position_of
 from .order import Pos
@@ -172,15 +172,44 @@ class DelayLevelSyncerService:
                                      batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(
                                          max(1, min(queue, self.cfg.forward_batch_size)), 16 << 20, 1))
 
-    def _has_backlog(self, k: int) -> bool:
-        consumer = self._subscribe(partition_topic(self.cfg.delay_level_topic, k), 1)
+    def _subscribe_partition(self, k: int, queue: int) -> pulsar.Consumer:
+        """Partition k's consumer. A partition the broker refuses is a PartitionRefusedError that
+        says what to do: Apache Pulsar refuses a partition beyond a partitioned topic's partition
+        count (NotAllowedError), so the strategy asks for more partitions than the topic has."""
         try:
-            consumer.receive(timeout_millis=SHRINK_PROBE_MS)
+            return self._subscribe(partition_topic(self.cfg.delay_level_topic, k), queue)
+        except pulsar.NotAllowedError as exc:
+            dl, n = self.cfg.delay_level_topic, self.strategy.partitions
+            raise PartitionRefusedError(
+                f"the broker refuses partition {k} of the delay-level topic {dl} ({exc}): a partitioned topic with "
+                f"fewer partitions than the strategy's {n}; grow it (pulsar-admin topics update-partitioned-topic "
+                f"{dl} -p {n}) or lower messageMaximumDelayTimeSeconds") from exc
+
+    def _open_probe(self, k: int) -> Optional[pulsar.Consumer]:
+        """A probe of partition k: a consumer on this subscription with a queue of one. None when
+        the broker refuses the partition (Apache Pulsar, beyond a partitioned topic's partition
+        count, NotAllowedError): it does not exist, so it holds nothing."""
+        try:
+            return self._subscribe(partition_topic(self.cfg.delay_level_topic, k), 1)
+        except pulsar.NotAllowedError:
+            log.debug("event=delay_level_partition_refused topic=%s partition=%d", self.cfg.delay_level_topic, k)
+            return None
+
+    @staticmethod
+    def _holds_message(probe: pulsar.Consumer) -> bool:
+        """Whether a probe receives a parked message; closed unacked either way (the message goes
+        back to the next consumer)."""
+        try:
+            probe.receive(timeout_millis=SHRINK_PROBE_MS)
             return True
         except pulsar.Timeout:
             return False
         finally:
-            consumer.close()  # an unacked probe is redelivered to the next consumer
+            probe.close()
+
+    def _has_backlog(self, k: int) -> bool:
+        probe = self._open_probe(k)
+        return probe is not None and self._holds_message(probe)
 
     def start(self) -> "DelayLevelSyncerService":
         """Check the partition count and policies, open everything, start the threads."""
@@ -264,7 +293,7 @@ class DelayLevelSyncerService:
                 if key == CANCELS:
                     consumers[key] = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
                 else:
-                    consumers[key] = self._subscribe(partition_topic(cfg.delay_level_topic, key), cfg.receiver_queue_size)
+                    consumers[key] = self._subscribe_partition(key, cfg.receiver_queue_size)
         except BaseException:
             for c in consumers.values():
                 c.close()
@@ -276,7 +305,7 @@ class DelayLevelSyncerService:
         assert self._policy is not None
         topic = partition_topic(self.cfg.delay_level_topic, k)
         if consumer is None:
-            consumer = self._subscribe(topic, self.cfg.receiver_queue_size)
+            consumer = self._subscribe_partition(k, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
                                        resubscribe=lambda queue: self._subscribe(topic, queue),
                                        probe=lambda after: self._first_after(topic, after))
@@ -357,22 +386,35 @@ class DelayLevelSyncerService:
     def discover_partitions(self) -> List[int]:
         """Read the partitions appended beyond the ones read so far (a grown maximum delay).
 
-        Probes the next DISCOVERY_WINDOW partitions beyond the last one read, in parallel, with
-        the shrink guard's probe (this subscription, a queue of one, closed unacked: it also
-        creates the subscription, so on Pulsar the partition's messages are backlog from then
-        on). A grown strategy appends a contiguous range, so every partition up to the farthest
-        one holding a message is taken; then the next window is probed. Each one found is
-        remembered as the partition count (a restart with the old strategy is refused while it
-        holds messages) and, when this instance owns it, forwarded from now on; up to the
-        strategy's cap. Returns the partitions found."""
+        Probes the next DISCOVERY_WINDOW partitions beyond the last one read with the shrink
+        guard's probe (this subscription, a queue of one, closed unacked: it also creates the
+        subscription, so on Pulsar the partition's messages are backlog from then on), subscribed
+        one after the other and read in parallel. The first partition the broker refuses ends the
+        window: Apache Pulsar refuses every partition beyond a partitioned topic's partition count
+        (one refusal per round, which pulsar-client logs). A grown strategy appends a contiguous
+        range, so every partition up to the farthest one holding a message is taken; then the next
+        window is probed. Each one found is remembered as the partition count (a restart with the
+        old strategy is refused while it holds messages) and, when this instance owns it,
+        forwarded from now on; up to the strategy's cap. Returns the partitions found."""
         found: List[int] = []
         with self._discover_lock:
             while not self.stop_event.is_set():
                 window = list(range(self.partitions, min(self.partitions + DISCOVERY_WINDOW, self.strategy.max_partitions)))
-                if not window:
+                probes: List[pulsar.Consumer] = []
+                try:
+                    for k in window:
+                        probe = self._open_probe(k)
+                        if probe is None:
+                            break
+                        probes.append(probe)
+                except BaseException:
+                    for probe in probes:
+                        probe.close()
+                    raise
+                if not probes:
                     break
-                with ThreadPoolExecutor(max_workers=len(window)) as pool:
-                    held = [k for k, has in zip(window, pool.map(self._has_backlog, window)) if has]
+                with ThreadPoolExecutor(max_workers=len(probes)) as pool:
+                    held = [k for k, has in zip(window, pool.map(self._holds_message, probes)) if has]
                 if not held:
                     break
                 for k in range(self.partitions, max(held) + 1):
