@@ -7,9 +7,9 @@ MANUAL: this function acks a source message only once its index entry is durable
 
 With userConfig `schedulingTopic` the service consumes the scheduling topic itself, in batches
 (direct intake); the scheduling topic is also an input on the same subscription, so the first
-message starts a fresh deployment; then that input is paused (its prefetched messages go to the
-direct consumer) and process() queues the few that still reach it. Without it, process()
-queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
+message starts a fresh deployment; the service then closes that input, and a scheduling message
+that still reaches process() is left unacked for the broker to redeliver to the direct consumer
+(pulsar_lifecycle.scheduler.runtime_input). Without it, process() queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
 it keeps one unacked (pulsar_lifecycle.scheduler.wake).
 """
 from __future__ import annotations
@@ -40,7 +40,13 @@ class BucketSnapshotWriter:
             from pulsar_lifecycle.scheduler.factory import build_service
 
             service = build_service(context)
-            arm_wake(service, pulsar_client(context), service.config.tick_topic, service.config.tick_time_millis)
+            try:
+                arm_wake(service, pulsar_client(context), service.config.tick_topic, service.config.tick_time_millis)
+            except BaseException:
+                # With the runtime's input closed, no redelivery of this message retries the start.
+                if isinstance(service, SchedulerService):
+                    service.wake_if_input_closed()
+                raise
             self.service = service
         return self.service
 
@@ -53,6 +59,11 @@ class BucketSnapshotWriter:
             if not self.wake.on_tick(position_of(msg_id)):
                 context.ack(msg_id, topic)  # one tick stays unacked; every other one goes
             return None
+        if isinstance(service, SchedulerService) and service.runtime_input_closed:
+            # Direct intake: the message that started the service, or one still in the runtime's
+            # queue when its consumer was closed. Neither queued nor acked: the broker redelivers
+            # it to the direct consumer.
+            return None
         payload = input if isinstance(input, bytes) else str(input).encode("utf-8")
         item = classify(
             payload=payload, properties=props, key=context.get_message_key(),
@@ -62,7 +73,6 @@ class BucketSnapshotWriter:
             allowed_target_prefixes=service.config.allowed_target_prefixes,
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
-        service.pause_runtime_input()  # direct intake: the input only started the writer
         return None
 
     def close(self) -> None:

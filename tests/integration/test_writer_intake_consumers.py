@@ -1,20 +1,24 @@
 """The writer's direct intake beside the runtime's own consumer of the scheduling topic
-(docs/architecture.md, "Intake"): on the embedded broker, that consumer (receiver queue 1, a
-message listener) is paused once the service runs and hands what it prefetched to the direct
-consumer, which then receives everything; where the Context has no consumers nothing is paused.
+(docs/architecture.md, "Runtime input"): on the embedded broker, that consumer (receiver queue 1,
+a message listener) is closed before the direct consumer subscribes, and the direct consumer then
+receives everything, what the closed one held included; closing an already closed one is
+harmless; where the Context has no consumers the input stays open; the service closes it only
+after a successful recovery.
 """
 from __future__ import annotations
 
 import threading
 import time
-from typing import Dict, List, Set
+from typing import Any, Dict, List, Set, cast
 
 import pulsar
 import pytest
 
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.scheduler.config import parse_writer_config
 from pulsar_lifecycle.scheduler.runtime_input import RuntimeInput
 from pulsar_lifecycle.scheduler.scheduling_consumer import SchedulingConsumer, SchedulingSubscription
+from pulsar_lifecycle.scheduler.service import SchedulerService
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 
 pytestmark = pytest.mark.integration
@@ -57,7 +61,7 @@ class _Context:
         self.consumers = consumers
 
 
-def test_paused_runtime_input_hands_its_prefetched_entry_to_the_direct_consumer(broker, unique):
+def test_closed_runtime_input_leaves_everything_it_held_to_the_direct_consumer(broker, unique):
     topic, sub, n = f"{NS}/wic-rt-{unique}", "writer", 3000
     client = quiet_client(broker.service_url)
     client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared,
@@ -66,36 +70,115 @@ def test_paused_runtime_input_hands_its_prefetched_entry_to_the_direct_consumer(
     seen: List[bytes] = []
     first = threading.Event()
 
-    def listener(consumer: pulsar.Consumer, msg: pulsar.Message) -> None:  # a slow process(), as the runtime's
+    def listener(consumer: pulsar.Consumer, msg: pulsar.Message) -> None:  # a slow process() under MANUAL: no ack
         seen.append(msg.data())
         first.set()
         time.sleep(0.05)
-        consumer.acknowledge(msg)
 
     runtime = client.subscribe(topic, sub, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1,
                                initial_position=pulsar.InitialPosition.Earliest, message_listener=listener)
     source = None
     try:
         assert first.wait(10), "the runtime's consumer got no message"
+        # As SchedulerService.start: close the runtime's input, then subscribe the direct consumer.
+        ri = RuntimeInput(_Context({topic.replace(NS + "/", ""): runtime}), topic)
+        assert ri.close() and ri.closed
         source = SchedulingConsumer(client, _sub(topic, sub), watchdog=False)
-        assert RuntimeInput(_Context({topic.replace(NS + "/", ""): runtime}), topic).pause()
-        got = _take_all(source, {b"m%d" % i for i in range(n)} - set(seen), timeout_s=15)
+        got = _take_all(source, {b"m%d" % i for i in range(n)}, timeout_s=15)
         via_runtime = len(seen)
     finally:
         if source is not None:
             source.close()
-        runtime.close()
         client.close()
-    # Without the pause the runtime's consumer keeps its 1,000-message entry (50 ms each) and the
-    # direct one gets a few hundred of the rest in 15 s (pulsar-lite: the holder's deficit).
-    assert len(got | set(seen)) == n, f"{n - len(got | set(seen))} of {n} never received"
-    assert via_runtime <= 5, f"the paused runtime consumer still handed {via_runtime} messages to process()"
+    # Every message, those the runtime's listener saw (never acked) and the rest of the entry it
+    # held included, reaches the direct consumer; the closed one takes no more.
+    assert len(got) == n, f"{n - len(got)} of {n} never reached the direct consumer"
+    assert via_runtime <= 5, f"the closed runtime consumer still handed {via_runtime} messages to its listener"
 
 
-def test_runtime_input_is_not_paused_where_the_context_has_no_consumers():
+def test_closing_an_already_closed_runtime_input_is_harmless(broker, unique):
+    """A service rebuilt in the same instance finds the input its predecessor closed."""
+    topic = f"{NS}/wic-again-{unique}"
+    client = quiet_client(broker.service_url)
+    try:
+        runtime = client.subscribe(topic, "writer", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1,
+                                   message_listener=lambda consumer, msg: None)
+        context = _Context({topic: runtime})
+        assert RuntimeInput(context, topic).close()
+        again = RuntimeInput(context, topic)
+        assert again.close() and again.closed
+    finally:
+        client.close()
+
+
+def test_runtime_input_stays_open_where_the_context_has_no_consumers():
     ri = RuntimeInput(object(), f"{NS}/t")
-    assert ri.pause() is False and ri.paused is False
-    ri.hand_back()  # nothing to hand back: no error
+    assert ri.close() is False and ri.closed is False
+    assert ri.close() is False  # given up once: not tried (nor logged) again
+
+
+class _Input:
+    """A RuntimeInput stand-in that records when it is closed."""
+
+    def __init__(self, events: List[str]) -> None:
+        self.events = events
+        self.closed = False
+
+    def close(self) -> bool:
+        self.events.append("close")
+        self.closed = True
+        return True
+
+
+class _Engine:
+    def __init__(self, events: List[str], fail: bool) -> None:
+        self.events, self.fail = events, fail
+
+    def recover(self) -> str:
+        self.events.append("recover")
+        if self.fail:
+            raise OSError("snapshot storage unavailable")
+        return "ok"
+
+
+def _service(events: List[str], fail_recovery: bool = False, fail_subscribe: bool = False) -> SchedulerService:
+    def source() -> Any:
+        events.append("subscribe")
+        if fail_subscribe:
+            raise pulsar.Timeout("subscribe timed out")
+        raise AssertionError("the test ends the start here")
+
+    cfg = parse_writer_config({"schedulingTopic": f"{NS}/s", "tickTopic": f"{NS}/ticks"}, topic=f"{NS}/s", cursor="c")
+    svc = SchedulerService(_Engine(events, fail_recovery), cast(Any, None), cfg, f"{NS}/out", f"{NS}/s-INVALID",
+                           None, lambda name, value: None, source_factory=source, runtime_input=_Input(events))
+    svc.on_failure = lambda: events.append("wake")
+    return svc
+
+
+def test_the_service_closes_the_runtime_input_after_recovery_and_before_the_direct_consumer_subscribes():
+    events: List[str] = []
+    with pytest.raises(AssertionError, match="ends the start"):
+        _service(events).start()
+    assert events[:3] == ["recover", "close", "subscribe"]
+
+
+def test_a_failed_recovery_leaves_the_runtime_input_open():
+    """The runtime then redelivers the message that started the writer and process() builds again."""
+    events: List[str] = []
+    svc = _service(events, fail_recovery=True)
+    with pytest.raises(OSError):
+        svc.start()
+    assert events == ["recover"] and not svc.runtime_input_closed
+
+
+def test_a_start_failing_after_the_close_wakes_the_writer_with_a_tick():
+    """Nothing redelivers the starting message to process() once the input is closed: on_failure
+    (a wake tick after tickTimeMillis) has process() build again."""
+    events: List[str] = []
+    svc = _service(events, fail_subscribe=True)
+    with pytest.raises(pulsar.Timeout):
+        svc.start()
+    assert events == ["recover", "close", "subscribe", "wake"] and svc.runtime_input_closed
 
 
 def test_close_leaves_every_handed_over_batch_acked_on_the_broker(broker, unique):

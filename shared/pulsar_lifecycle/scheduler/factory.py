@@ -29,6 +29,7 @@ from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
+from .wake import wake_after_failure
 
 log = logging.getLogger(__name__)
 
@@ -176,15 +177,18 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
                 topic=names.topic, subscription=cfg.scheduling_subscription or fqfn,
                 batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
                 max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
-            # The scheduling topic as an input only starts the writer (runtime_input.py).
+            # The scheduling topic as an input only starts the writer: the service closes it (runtime_input.py).
             runtime_input = RuntimeInput.of_input(context, names.topic)
-            hand_back = runtime_input.hand_back if runtime_input is not None else None
-            source_factory = lambda: SchedulingConsumer(client, sub, hand_back)  # noqa: E731 - opened after recovery
+            source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
         sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
                                    client, context.record_metric, resources=resources, source_factory=source_factory,
                                    runtime_input=runtime_input)
+        if runtime_input is not None and cfg.tick_topic:
+            # A start that fails once the runtime's input is closed has no redelivered scheduling
+            # message to retry it: a tick does (the hook arm_wake sets once the service runs).
+            service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
         service.start()
     except BaseException:
         # The next process() call builds again: the snapshot-directory lock (or the partition's

@@ -8,29 +8,43 @@ consumer with one permit, and each of those then goes through process() one at a
 runtime's queue of one, at about the cost of an identity function. In the writer throughput
 benchmark it took 51-81 % of the messages (docs/benchmarks.md).
 
-So once the service runs, the first scheduling message that reaches process() pauses that
-consumer's listener (`pause_message_listener`: it sends no more permits, so the broker
-dispatches nothing more to it) and hands back what it has prefetched
-(`redeliver_unacknowledged_messages`: in a Shared subscription the broker redelivers them to the
-subscription's other consumers, i.e. the direct one). What process() still receives is queued as
-before and acked once durable; a message that arrives on both ways is indexed once (the index
-drops duplicates by position). A race can let one more entry reach the paused consumer after the
-hand-back, so the direct consumer's stall watchdog calls `hand_back` again before it
-re-subscribes (it fires when the topic holds messages beyond the last one it received).
+So the service closes that consumer when it starts (`SchedulerService.start`): after the index
+recovered (a failed recovery leaves it open, and the runtime's redelivery of the message that
+started the writer retries the start) and before the direct consumer subscribes. A closed
+consumer holds nothing: the broker redelivers what it had dispatched to it and nobody acked (the
+message that started the writer, the rest of its batch entry) to the subscription's other
+consumers, the direct one included. A scheduling message that still reaches process() after the
+close (the one that started the writer, or one in the runtime's queue of one) is neither queued
+nor acked: the broker has it for the direct consumer.
 
-Pulsar's Python Context has no public pause; the runtime's ContextImpl keeps its input consumers
-in `context.consumers` (topic -> pulsar.Consumer; `ack` uses it), as does the local runner.
-Where that is missing or a call fails, nothing is paused: the writer works as before, slower,
-and says so once in the log.
+Pausing it instead (`pause_message_listener` and `redeliver_unacknowledged_messages`, which
+this module once did) leaves messages behind on any broker: the C++ client under Python's
+runtime grants the broker a permit for each message as it takes it from its queue, before the
+listener runs, so a consumer paused by the message that started the writer still has a permit,
+and the next batch entry published after the hand-back is dispatched to it, where nothing acks,
+nacks or redelivers it while the instance lives (bench/repro_paused_runtime_input.py and
+docs/architecture.md, "Runtime input", show it with message ids).
+
+Pulsar's Python Context has no public way to close an input; the runtime's ContextImpl keeps its
+input consumers in `context.consumers` (topic -> pulsar.Consumer; `ack` uses it), as does the
+local runner. Where that is missing or the close fails, the input stays open: process() queues
+what it receives and acks it once durable (correct, slower), and the writer says so once per
+start. A consumer that is already closed (a service rebuilt in the same instance) counts as closed.
 """
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Any, Mapping, Optional
+
+import pulsar
 
 from ..dedup.publisher import normalize_topic
 
 log = logging.getLogger(__name__)
+
+# The runtime's consumers this module closed, for as long as the runtime keeps them.
+_CLOSED: "weakref.WeakSet[Any]" = weakref.WeakSet()
 
 
 class RuntimeInput:
@@ -39,16 +53,15 @@ class RuntimeInput:
     def __init__(self, context: Any, topic: str) -> None:
         self._context = context
         self.topic = normalize_topic(topic)
-        self._consumer: Any = None
-        self.paused = False
-        self._given_up = False  # pausing failed once: never tried again (and logged once)
+        self.closed = False
+        self._given_up = False  # closing failed once: not tried again by this start (and logged once)
 
     @classmethod
     def of_input(cls, context: Any, topic: str) -> Optional["RuntimeInput"]:
         """A RuntimeInput when `topic` is one of the function's inputs, else None."""
         try:
             inputs = [normalize_topic(t) for t in (context.get_input_topics() or [])]
-        except Exception as exc:  # a Context without it: no input to pause
+        except Exception as exc:  # a Context without it: no input to close
             log.debug("event=runtime_inputs_unknown error=%r", exc)
             return None
         return cls(context, topic) if normalize_topic(topic) in inputs else None
@@ -62,34 +75,31 @@ class RuntimeInput:
                 return consumer
         return None
 
-    def pause(self) -> bool:
-        """Pause the runtime's consumer of the scheduling topic and hand back what it prefetched
-        (once; later calls return at once). False where it cannot be done."""
-        if self.paused or self._given_up:
-            return self.paused
+    def close(self) -> bool:
+        """Close the runtime's consumer of the scheduling topic: True once it is closed (also when
+        an earlier start of this instance closed it), False where it cannot be."""
+        if self.closed or self._given_up:
+            return self.closed
         consumer = self._find()
+        if consumer is not None and consumer in _CLOSED:
+            # A service rebuilt in this instance: its predecessor closed the input (pulsar-client's
+            # Python Consumer raises ValueError on a second close).
+            self.closed = True
+            return True
         try:
             if consumer is None:
                 raise LookupError("the Context exposes no consumer of the scheduling topic (context.consumers)")
-            consumer.pause_message_listener()
-            consumer.redeliver_unacknowledged_messages()
-        except Exception as exc:  # an internal of the runtime: any failure means "not paused"
+            consumer.close()
+        except pulsar.AlreadyClosed:
+            log.debug("event=runtime_input_already_closed topic=%s", self.topic)
+        except Exception as exc:  # an internal of the runtime: any failure means "still open"
             self._given_up = True
-            log.warning("event=runtime_input_not_paused topic=%s error=%r hint='the runtime keeps handing "
+            log.warning("event=runtime_input_not_closed topic=%s error=%r hint='the runtime keeps handing "
                         "scheduling messages to process() one at a time (correct, slower)'", self.topic, exc)
             return False
-        self._consumer = consumer
-        self.paused = True
-        log.info("event=runtime_input_paused topic=%s reason='direct intake consumes the scheduling topic'", self.topic)
+        else:
+            log.info("event=runtime_input_closed topic=%s reason='direct intake consumes the scheduling topic'",
+                     self.topic)
+        _CLOSED.add(consumer)
+        self.closed = True
         return True
-
-    def hand_back(self) -> None:
-        """Redeliver whatever the paused consumer still holds (an entry dispatched to it in the
-        moment it was paused) to the subscription's other consumers."""
-        if self._consumer is None:
-            return
-        try:
-            self._consumer.redeliver_unacknowledged_messages()
-            log.info("event=runtime_input_handed_back topic=%s", self.topic)
-        except Exception as exc:  # best effort: the runtime's next start redelivers them anyway
-            log.warning("event=runtime_input_hand_back_failed topic=%s error=%r", self.topic, exc)

@@ -153,7 +153,7 @@ class SchedulerService:
         self._source_factory = source_factory
         self._source: IntakeSource = self._queue
         # Direct intake with the scheduling topic also an input: the runtime's consumer of it
-        # (runtime_input.RuntimeInput), paused once the service runs.
+        # (runtime_input.RuntimeInput), closed by start().
         self.runtime_input = runtime_input
         self._wake = threading.Condition()
         self._threads: List[threading.Thread] = []
@@ -171,15 +171,40 @@ class SchedulerService:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Recover the index and start the intake and release threads."""
+        """Recover the index, close the runtime's input of the scheduling topic (direct intake),
+        open the intake source and start the intake and release threads."""
         report = self.engine.recover()
         log.info("event=scheduler_recovered report=%s target=%s", report, self.default_target)
-        if self._source_factory is not None:
-            self._source = self._source_factory()
-        for name, target in (("bucket-intake", self._intake_loop), ("bucket-release", self._release_loop)):
-            t = threading.Thread(target=self._guard(target), name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+        # Closed only now: a failed recovery leaves the input open, so the runtime redelivers the
+        # message that started this and process() builds again. Closed before the direct consumer
+        # subscribes, so what the closed consumer held is redelivered with that consumer present.
+        if self.runtime_input is not None:
+            self.runtime_input.close()
+        try:
+            if self._source_factory is not None:
+                self._source = self._source_factory()
+            for name, target in (("bucket-intake", self._intake_loop), ("bucket-release", self._release_loop)):
+                t = threading.Thread(target=self._guard(target), name=name, daemon=True)
+                t.start()
+                self._threads.append(t)
+        except BaseException:
+            self.wake_if_input_closed()
+            raise
+
+    @property
+    def runtime_input_closed(self) -> bool:
+        """True once the runtime's consumer of the scheduling topic is closed: a scheduling message
+        that still reaches process() is left to the broker, which redelivers it to the direct consumer."""
+        return self.runtime_input is not None and self.runtime_input.closed
+
+    def wake_if_input_closed(self) -> None:
+        """After a failed start with the runtime's input closed: no redelivery of the message that
+        started it calls process() again, so have `on_failure` (a wake tick) do it."""
+        if self.runtime_input_closed and self.on_failure is not None:
+            try:
+                self.on_failure()
+            except Exception as exc:  # the start's own error is what the caller sees
+                log.warning("event=scheduler_failure_hook_failed error=%r", exc)
 
     def _guard(self, fn: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -247,16 +272,10 @@ class SchedulerService:
         if not self._queue.submit(pending):
             raise RuntimeError("scheduler stopped") from self.failure
 
-    def pause_runtime_input(self) -> None:
-        """Direct intake: from now on the runtime's own consumer of the scheduling topic takes
-        nothing more, and what it prefetched goes to the direct consumer (runtime_input.py)."""
-        if self.runtime_input is not None:
-            self.runtime_input.pause()
-
     def _intake_loop(self) -> None:
         while not self._stop.is_set():
-            # Direct intake: what reached process() (the scheduling topic is also an input, on the
-            # same subscription, so a fresh deployment starts) is queued; take it first.
+            # Direct intake where the runtime's input of the scheduling topic could not be closed
+            # (runtime_input.py): what reached process() is queued; take it first.
             batch = self._queue.take(0) if self._source is not self._queue else None
             if batch is None:
                 batch = self._source.take()
