@@ -9,8 +9,9 @@ With userConfig `schedulingTopic` the service consumes the scheduling topic itse
 (direct intake); the scheduling topic is also an input on the same subscription, so the first
 message starts a fresh deployment; the service then closes that input, and a scheduling message
 that still reaches process() is left unacked for the broker to redeliver to the direct consumer
-(pulsar_lifecycle.scheduler.runtime_input). Without it, process() queues every scheduling message. Ticks on `tickTopic` only wake the function after a restart:
-it keeps one unacked (pulsar_lifecycle.scheduler.wake).
+(pulsar_lifecycle.scheduler.runtime_input). Without it, process() queues every scheduling
+message. Ticks on `tickTopic` only wake the function after a restart: it keeps one unacked
+(pulsar_lifecycle.scheduler.wake).
 """
 from __future__ import annotations
 

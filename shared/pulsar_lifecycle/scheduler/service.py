@@ -177,7 +177,7 @@ class SchedulerService:
         log.info("event=scheduler_recovered report=%s target=%s", report, self.default_target)
         # Closed only now: a failed recovery leaves the input open, so the runtime redelivers the
         # message that started this and process() builds again. Closed before the direct consumer
-        # subscribes, so what the closed consumer held is redelivered with that consumer present.
+        # subscribes: it then finds what the closed consumer held waiting for redelivery.
         if self.runtime_input is not None:
             self.runtime_input.close()
         try:
