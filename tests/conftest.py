@@ -16,7 +16,7 @@ import pytest
 # functions the local runner loads by class name (support.fn_samples).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-pytest_plugins = ["support.broker_fixtures", "support.spark_fixtures", "support.deletion"]
+pytest_plugins = ["support.broker_fixtures", "support.spark_fixtures", "support.deletion", "support.cli"]
 
 # The directory says what a test needs, so `-m "not crash"` or `-m "not integration"` selects by layout
 # (modules may add `slow` and the like themselves).

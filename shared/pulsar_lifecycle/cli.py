@@ -10,7 +10,7 @@ from typing import Any, Dict, Optional, Tuple
 import click
 
 from .config.settings import ConfigError, user_config_from_json
-from .logging_setup import setup_logging
+from .logging_setup import default_client_log, route_client_log, setup_logging
 
 
 class _OneLineErrors(click.Group):
@@ -46,6 +46,9 @@ def one_line_error(exc: BaseException) -> str:
 def main(log_level: str) -> None:
     """Pulsar Functions for ledger lifecycle: two-phase deletion, delayed delivery, de-duplication."""
     setup_logging(log_level)
+    # pulsar-client's C++ log lines go to a file, never to an operator's terminal (localrun and
+    # up move it into their --data-dir); $PULSAR_LIFECYCLE_CLIENT_LOG picks another file.
+    route_client_log(default_client_log())
     # SIGTERM unwinds like Ctrl-C, so every command's finally blocks close producers, consumers
     # and the client in order (localrun installs its own handler for a graceful stop).
     signal.signal(signal.SIGTERM, _terminate)
@@ -139,6 +142,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
         data_dir=Path(data_dir), metrics_port=metrics_port, embedded_broker_port=embedded_broker_port,
         instance_id_offset=instance_id_offset, num_instances=num_instances,
     )
+    route_client_log(Path(data_dir) / "pulsar-client.log")
     runner = LocalRunner(spec, opts)
     try:
         runner.start()
@@ -219,12 +223,12 @@ def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instance
     Example: pulsar-lifecycle send-ticks --service-url pulsar://broker:6650
     --tick-topic persistent://public/default/delayed-ticks --instances 4
     """
-    from .runtime.broker import wait_for_broker
-    from .runtime.client import quiet_client
+    from .cli_args import check_topic
+    from .runtime.connect import open_client
     from .scheduler.wake import send_start_ticks
 
-    wait_for_broker(service_url, connect_timeout)
-    client = quiet_client(service_url)
+    check_topic("--tick-topic", tick_topic)  # before connecting: a typo fails at once
+    client = open_client(service_url, connect_timeout)
     try:
         sent = send_start_ticks(client, tick_topic, count or 2 * instances)
     finally:
@@ -238,7 +242,10 @@ def _register_optional_groups() -> None:
 
     for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo"),
                          ("pulsar_lifecycle.spark.cli", "spark"),
-                         ("pulsar_lifecycle.spark.export_cli", "export_backlog")):
+                         ("pulsar_lifecycle.spark.export_cli", "export_backlog"),
+                         ("pulsar_lifecycle.tools.inspect_cli", "inspect_group"),
+                         ("pulsar_lifecycle.tools.delayed_cli", "delayed"),
+                         ("pulsar_lifecycle.tools.up_cli", "up")):
         try:
             cmd = getattr(importlib.import_module(module), attr)
         except (ImportError, AttributeError):

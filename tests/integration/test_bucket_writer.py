@@ -110,7 +110,7 @@ def test_metrics_with_pulsar_names_on_the_local_endpoint(broker, tmp_path, uniqu
     assert lines[f"pulsar_delayed_message_index_loaded{{{fq}}}"] == 12
     assert lines[f"pulsar_delayed_message_index_bucket_snapshot_size_bytes{{{fq}}}"] > 0
     assert lines[f'pulsar_delayed_message_index_bucket_op_count{{{fq},state="succeed",type="create"}}'] >= 2
-    assert any(k.startswith("pulsar_function_user_metric__count") for k in lines)
+    assert any(k.startswith("pulsar_function_user_metric_count") for k in lines)
 
 
 def test_a_failed_start_releases_the_snapshot_directory(broker, tmp_path, unique):

@@ -55,6 +55,8 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
         "pulsar_lifecycle.packaging",
         "pulsar_lifecycle.spark",
         "pulsar_lifecycle.deletion.cli",
+        "pulsar_lifecycle.cli_args",
+        "pulsar_lifecycle.tools",
     )),
 )
 
@@ -82,6 +84,10 @@ LAZY_IMPORTS: Dict[str, str] = {
     "pulsar_lifecycle.spark.seed_cli": _CLI,
     "pulsar_lifecycle.spark.verify_cli": _CLI,
     "pulsar_lifecycle.spark.orphans_cli": _CLI,
+    "pulsar_lifecycle.tools.inspect_cli": _CLI,
+    "pulsar_lifecycle.tools.delayed_cli": _CLI,
+    "pulsar_lifecycle.tools.up_cli": _CLI,
+    "pulsar_lifecycle.tools.common": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.state": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.bucket.storage": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.scheduler.factory": "two-phase snapshot deletion: the deletion service pulls in requests and "

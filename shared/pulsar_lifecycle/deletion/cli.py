@@ -15,7 +15,15 @@ import click
 
 from ..config.settings import defaults_of
 from .config import DeletionConfig
-from .model import InvalidRequestError, LedgerComponent, LedgerContext, LedgerType, OffloadContext
+from .model import (
+    InvalidRequestError,
+    LedgerComponent,
+    LedgerContext,
+    LedgerType,
+    OffloadContext,
+    PendingDeleteLedgerInfo,
+    TopicRef,
+)
 from .topics import SCOPES, DeletionTopics
 
 
@@ -34,16 +42,56 @@ _WORKER = defaults_of(DeletionConfig)
 
 
 def _client(url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
-    """A client of `url` once its broker accepts connections (waits for a broker that comes up late).
+    """A client of `url` once its broker accepts connections and answers the protocol (waits
+    for a broker that comes up late).
 
     Raises BrokerError naming the URL and the time waited instead of letting every producer
     time out on its own.
     """
-    from ..runtime.broker import wait_for_broker
-    from ..runtime.client import quiet_client
+    from ..runtime.connect import open_client
 
-    wait_for_broker(url, connect_timeout_s)
-    return quiet_client(url)
+    return open_client(url, connect_timeout_s)
+
+
+def _check_connection_options(opts: Dict[str, Any]) -> DeletionTopics:
+    """The deletion topics and the service URL, checked before anything connects."""
+    from ..cli_args import check_service_url
+
+    if not opts.get("service_url"):
+        raise click.BadParameter("a broker URL is needed (pulsar://host:6650)", param_hint="--service-url")
+    check_service_url("--service-url", opts["service_url"])
+    return _topics(opts)
+
+
+def _check_delay(delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> None:
+    """The phase-one delay options, checked before anything connects."""
+    from ..cli_args import check_topic
+
+    if delay_seconds < 0:
+        raise click.BadParameter(f"must be >= 0, got {delay_seconds}", param_hint="--send-delay-seconds")
+    if delay_seconds > 0 and backend == "scheduler":
+        if not scheduling_topic:
+            raise click.BadParameter("the scheduler delay backend needs --scheduling-topic",
+                                     param_hint="--scheduling-topic")
+        check_topic("--scheduling-topic", scheduling_topic)
+
+
+def _pending_info(topic: str, ledger_id: int, ctx: Optional[LedgerContext], component: str, ltype: LedgerType,
+                  check_in_use: bool, properties: Optional[Dict[str, str]], topics: DeletionTopics) -> PendingDeleteLedgerInfo:
+    """The request `deletion enqueue` sends, built (and so checked) before anything connects."""
+    from ..config.validate import topic_problem
+
+    try:
+        ref = TopicRef.parse(topic)
+        problem = topic_problem(ref.full_name)
+        if problem:
+            raise InvalidRequestError(problem)
+        info = PendingDeleteLedgerInfo(ref.short_name, LedgerComponent(component), ltype, ledger_id, ctx,
+                                       check_in_use, dict(properties or {}))
+        topics.tenant_of_request(info.topic)  # tenant scope: the tenant must be one with deletion topics
+    except (InvalidRequestError, ValueError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--topic/--ledger-id") from exc
+    return info
 
 
 def close_service(service: Any, client: Any) -> None:
@@ -89,7 +137,8 @@ def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, schedu
     from ..timing import DelayedProducer
     from .service import LedgerDeletionService
 
-    topics = _topics(opts)  # bad options fail before any connection is made
+    topics = _check_connection_options(opts)  # bad options fail before any connection is made
+    _check_delay(delay_seconds, backend, scheduling_topic)
     client = _client(opts["service_url"], connect_timeout_s)
     delayed = None
     try:
@@ -148,10 +197,11 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
         ctx, ltype = LedgerContext(ledger_id, offload_context=oc), LedgerType.OFFLOAD_LEDGER
     from .service import PendingDeleteSendError
 
+    info = _pending_info(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
+                         {"cursor": cursor} if cursor else None, _check_connection_options(opts))
     service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic, connect_timeout)
     try:
-        mid = service.append_pending_delete_ledger(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
-                                                   {"cursor": cursor} if cursor else None)
+        mid = service.append(info)
     except InvalidRequestError as exc:
         raise click.BadParameter(str(exc)) from exc
     except PendingDeleteSendError as exc:
@@ -171,9 +221,15 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_delay_seconds: int, delay_backend: str,
                   scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
+    from ..cli_args import check_http_url
     from .admin import PulsarAdminClient
     from .operator import enqueue_topic_ledgers
 
+    check_http_url("--admin-url", admin_url)
+    try:
+        TopicRef.parse(topic)
+    except InvalidRequestError as exc:
+        raise click.BadParameter(str(exc), param_hint="--topic") from exc
     service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
     try:
         done = enqueue_topic_ledgers(service, PulsarAdminClient.connect([admin_url]), topic, not skip_in_use_check)
@@ -195,13 +251,16 @@ def dlq() -> None:
 @click.option("--tenant", default=None, help="Whose DLQ (tenant scope).")
 @click.option("--max", "max_messages", type=int, default=1000, show_default=True)
 @click.option("--idle-timeout", type=float, default=2.0, show_default=True, help="Stop after this many idle seconds.")
-def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, **opts: Any) -> None:
+@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for the broker to accept connections.")
+def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, connect_timeout: float, **opts: Any) -> None:
     """Print dead letters not yet replayed, one JSON object per line."""
     from .operator import list_dlq
 
-    client = _client(opts["service_url"])
+    topics = _check_connection_options(opts)
+    client = _client(opts["service_url"], connect_timeout)
     try:
-        for entry in list_dlq(client, _topics(opts), tenant, max_messages, idle_timeout):
+        for entry in list_dlq(client, topics, tenant, max_messages, idle_timeout):
             click.echo(json.dumps(entry.as_dict()))
     finally:
         client.close()
@@ -214,8 +273,10 @@ def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, **op
 @click.option("--idle-timeout", type=float, default=2.0, show_default=True)
 @click.option("--ledger-id", type=int, default=None, help="Only this ledger.")
 @click.option("--reason-contains", default=None, help="Only dead letters whose reason contains this text.")
+@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for the broker to accept connections.")
 def dlq_replay(tenant: Optional[str], max_messages: int, idle_timeout: float, ledger_id: Optional[int],
-               reason_contains: Optional[str], **opts: Any) -> None:
+               reason_contains: Optional[str], connect_timeout: float, **opts: Any) -> None:
     """Send dead letters back to the deletion topic with a fresh retry budget."""
     from .operator import replay_dlq
 
@@ -224,9 +285,10 @@ def dlq_replay(tenant: Optional[str], max_messages: int, idle_timeout: float, le
             return False
         return reason_contains is None or reason_contains in entry.reason
 
-    client = _client(opts["service_url"])
+    topics = _check_connection_options(opts)
+    client = _client(opts["service_url"], connect_timeout)
     try:
-        done = replay_dlq(client, _topics(opts), tenant, max_messages, idle_timeout, select)
+        done = replay_dlq(client, topics, tenant, max_messages, idle_timeout, select)
     finally:
         client.close()
     for entry in done:

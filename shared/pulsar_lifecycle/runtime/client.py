@@ -1,12 +1,18 @@
 """Building a pulsar.Client the way the Pulsar Python runtime does, with quiet logs."""
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable, List, Optional
 
 import pulsar
+
+from ..logging_setup import CLIENT_LOG_ENV, client_log_path, route_client_log
+
+__all__ = [
+    "CLIENT_LOG_ENV", "ClientSettings", "client_log_path", "make_client", "quiet_client", "receive_messages",
+    "route_client_log",
+]
 
 
 @dataclass(frozen=True)
@@ -22,11 +28,9 @@ class ClientSettings:
     tls_trust_cert_path: Optional[str] = None
 
 
-CLIENT_LOG_ENV = "PULSAR_LIFECYCLE_CLIENT_LOG"
-
-
 def _pulsar_logger() -> object:
-    """The C++ client's own file logger at WARN (stderr unless $PULSAR_LIFECYCLE_CLIENT_LOG names a file).
+    """The C++ client's own file logger at WARN, writing to `client_log_path()`
+    ($PULSAR_LIFECYCLE_CLIENT_LOG, else the file `route_client_log` chose, else stderr).
 
     Not a Python logging.Logger: pulsar-client keeps the logger of every client in a
     process-wide C++ factory, and its I/O threads log through it while the interpreter shuts
@@ -35,7 +39,7 @@ def _pulsar_logger() -> object:
     order). The C++ logger needs nothing from Python. (The default logger would print INFO
     lines to stdout, where commands print their results.)
     """
-    return pulsar.FileLogger(pulsar.LoggerLevel.Warn, os.environ.get(CLIENT_LOG_ENV) or "/dev/stderr")
+    return pulsar.FileLogger(pulsar.LoggerLevel.Warn, client_log_path())
 
 
 def make_client(settings: ClientSettings) -> pulsar.Client:
@@ -58,9 +62,9 @@ def make_client(settings: ClientSettings) -> pulsar.Client:
     )
 
 
-def quiet_client(service_url: str) -> pulsar.Client:
-    """A plain client for tools and tests, logging at WARNING."""
-    return pulsar.Client(service_url, operation_timeout_seconds=30, logger=_pulsar_logger())
+def quiet_client(service_url: str, operation_timeout_s: int = 30) -> pulsar.Client:
+    """A plain client for tools and tests, logging at WARNING (to `client_log_path()`)."""
+    return pulsar.Client(service_url, operation_timeout_seconds=operation_timeout_s, logger=_pulsar_logger())
 
 
 def receive_messages(client: pulsar.Client, topic: str, subscription: str, expect: int, timeout: float,

@@ -63,6 +63,11 @@ class FunctionInstance:
         return self._function
 
     @property
+    def running(self) -> bool:
+        """True while the execution thread runs (started, not stopped, not died)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    @property
     def output_producer(self) -> Optional[pulsar.Producer]:
         """The producer of `output` once the first output was sent (None before)."""
         return self._producer

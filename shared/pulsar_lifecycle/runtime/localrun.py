@@ -27,6 +27,7 @@ from ..state import open_state_store
 from ..state.base import StateStore
 from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
+from .connect import check_broker_answers
 from .context import FunctionIdentity, LocalContext
 from .instance import FunctionInstance
 from .metrics import FunctionMetrics
@@ -36,8 +37,10 @@ log = logging.getLogger(__name__)
 
 def check_reachable(service_url: str, timeout: float = 5.0) -> None:
     """Fail fast, naming the URL and the time waited, when no broker of `service_url` accepts
-    TCP connections (the client would otherwise retry for its whole operation timeout)."""
-    wait_for_broker(service_url, timeout)
+    TCP connections or answers the Pulsar protocol (the client would otherwise retry for its
+    whole operation timeout)."""
+    waited = wait_for_broker(service_url, timeout)
+    check_broker_answers(service_url, max(1.0, timeout - waited))
 
 
 class DataDirError(PulsarLifecycleError):
@@ -224,6 +227,10 @@ class LocalRunner:
     def functions(self) -> List[Any]:
         """The user function object of each instance (None until that instance loaded it)."""
         return [inst.function for inst in self._instances]
+
+    def instances_running(self) -> int:
+        """How many of the instances are running (for status views)."""
+        return sum(1 for inst in self._instances if inst.running)
 
     def wait(self, timeout: Optional[float] = None) -> None:
         """Block until stop() is called (or `timeout` passes)."""

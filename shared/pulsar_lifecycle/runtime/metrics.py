@@ -10,6 +10,8 @@ from typing import Dict, Optional, Tuple
 from prometheus_client import CollectorRegistry, Counter, Gauge, Summary, start_http_server
 
 log = logging.getLogger(__name__)
+# Pulsar's Python instance's user-metric Summary (pulsar-functions/instance/.../contextimpl.py).
+USER_METRIC_SUMMARY = "pulsar_function_user_metric"
 _LABELLED = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(.*)\}$")
 
 
@@ -29,8 +31,11 @@ def parse_metric_name(name: str) -> Tuple[str, Dict[str, str]]:
 class FunctionMetrics:
     """The runtime's metrics (received/processed/exceptions, user Summary) plus last-value gauges.
 
-    `record_user_metric` feeds Pulsar's `pulsar_function_user_metric_` Summary (as the stock
-    runtime does) and also a gauge under the metric's own name, so names such as
+    `record_user_metric` feeds the user-metric Summary `pulsar_function_user_metric` (series
+    `pulsar_function_user_metric_sum` / `_count` with a `metric` label), named as Pulsar's Python
+    instance names it (contextimpl.py; the Java instance's is `pulsar_function_user_metric_`, whose
+    series have two underscores), so dashboards and alerts read both runtimes alike. Each value
+    also sets a gauge under the metric's own name, so names such as
     `pulsar_delayed_message_index_bucket_total` appear as themselves on the local endpoint.
     """
 
@@ -45,7 +50,8 @@ class FunctionMetrics:
         self.processed = Counter("pulsar_function_processed_successfully", "Processed OK", labels, registry=self.registry)
         self.user_exceptions = Counter("pulsar_function_user_exceptions", "process() raised", labels, registry=self.registry)
         self.system_exceptions = Counter("pulsar_function_system_exceptions", "publish/serde failed", labels, registry=self.registry)
-        self.user_summary = Summary("pulsar_function_user_metric_", "User metrics", labels + ["metric"], registry=self.registry)
+        self.user_summary = Summary(USER_METRIC_SUMMARY, "Pulsar Function user defined metric", labels + ["metric"],
+                                    registry=self.registry)
 
     def record_user_metric(self, name: str, value: float, instance_id: int = 0) -> None:
         self.user_summary.labels(self.fqfn, str(instance_id), name).observe(value)

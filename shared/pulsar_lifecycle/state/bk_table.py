@@ -379,15 +379,18 @@ class BookKeeperStateStore:
         namespace: str,
         table: str,
         *,
+        create: bool = True,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
     ) -> None:
+        # create=False: open an existing table only (read-only tools must not create one).
         self.table_ns = table_namespace(tenant, namespace)
         self.table_name = table
         self._table = BookKeeperTable(
             service_url,
             self.table_ns,
             table,
+            create=create,
             connect_timeout=connect_timeout,
             op_timeout=op_timeout,
         )

@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 
 from .base import (
     BucketSnapshotStorage,
+    JournalPeek,
     SnapshotNotFoundError,
     SnapshotStorageError,
     SnapshotWriter,
@@ -33,6 +34,7 @@ __all__ = [
     "BookKeeperTableSnapshotStorage",
     "BucketSnapshotStorage",
     "DirectorySnapshotStorage",
+    "JournalPeek",
     "MemorySnapshotStorage",
     "SnapshotNotFoundError",
     "SnapshotStorageError",
@@ -40,6 +42,7 @@ __all__ = [
     "SnapshotWriter",
     "StorageError",
     "bookkeeper_partition_storage",
+    "bookkeeper_snapshot_reader",
     "bookkeeper_snapshot_storage",
     "check_bucket_id",
     "check_entry_range",
@@ -92,6 +95,20 @@ def bookkeeper_snapshot_storage(service_url: str, tenant: str, namespace: str, n
     from .bookkeeper import BookKeeperTableSnapshotStorage
 
     return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, _bk_table_name(name))
+
+
+def bookkeeper_snapshot_reader(service_url: str, tenant: str, namespace: str, name: str,
+                               label: Optional[str] = None) -> "BookKeeperTableSnapshotStorage":
+    """The table-service store of the writer `tenant/namespace/name` opened for reading: the
+    table must exist (nothing is created), no lease is taken. `label` (`partition-<k>`) opens
+    one partition's index, whose keys are routed by their prefix as the writer routes them."""
+    from .bookkeeper import BookKeeperTableSnapshotStorage
+
+    if label is None:
+        return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, _bk_table_name(name), create=False)
+    prefix = f"bucket/{label}/"
+    return BookKeeperTableSnapshotStorage(service_url, tenant, namespace, _bk_table_name(name), prefix=prefix,
+                                          routing_key=prefix.encode("utf-8"), create=False)
 
 
 def _bk_table_name(name: str) -> str:

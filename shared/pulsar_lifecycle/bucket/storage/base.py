@@ -116,6 +116,15 @@ class BucketSnapshotStorage(Protocol):
         """Release resources."""
 
 
+@runtime_checkable
+class JournalPeek(Protocol):
+    """A store whose journal can be read without changing anything (inspection while a writer runs)."""
+
+    def journal_peek(self) -> List[Tuple[int, bytes]]:
+        """Every complete record not truncated, in id order; never repairs, creates or truncates
+        anything (a torn tail of an append in progress is left out, not cut off)."""
+
+
 def check_bucket_id(bucket_id: int) -> int:
     """Validate a bucket id (positive int)."""
     if isinstance(bucket_id, bool) or not isinstance(bucket_id, int) or bucket_id <= 0:

@@ -97,6 +97,7 @@ class BookKeeperTableSnapshotStorage:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
         op_timeout: float = DEFAULT_OP_TIMEOUT,
+        create: bool = True,
     ) -> None:
         if chunk_size < 1024:
             raise ValueError(f"chunk_size must be >= 1024 bytes, got {chunk_size}")
@@ -116,7 +117,8 @@ class BookKeeperTableSnapshotStorage:
             if not service_url:
                 raise ValueError("BookKeeperTableSnapshotStorage needs a service_url ('bk://host:port') or a table")
             try:
-                table = BookKeeperTable(service_url, table_namespace(tenant, namespace), table_name,
+                # create=False: open an existing table only (read-only tools must not create one).
+                table = BookKeeperTable(service_url, table_namespace(tenant, namespace), table_name, create=create,
                                         connect_timeout=connect_timeout, op_timeout=op_timeout)
             except StateError as exc:
                 raise StorageError(str(exc)) from exc
@@ -379,6 +381,19 @@ class BookKeeperTableSnapshotStorage:
                     break
                 out.append((rid, data))
             return out
+
+    def journal_peek(self) -> List[Tuple[int, bytes]]:
+        """journal_read without finishing an interrupted truncation (which writes): records from
+        the journal's first id on, until the first missing one."""
+        first, _ = self._jmeta()
+        out: List[Tuple[int, bytes]] = []
+        rid = first
+        while True:
+            data = self._get_value(self._jkey(rid))
+            if data is None:
+                return out
+            out.append((rid, data))
+            rid += 1
 
     def journal_truncate(self, upto: int) -> None:
         with self._jlock:

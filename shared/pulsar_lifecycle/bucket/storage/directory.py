@@ -343,6 +343,12 @@ class DirectorySnapshotStorage:
             _, records, _ = self._scan_journal()
             return records
 
+    def journal_peek(self) -> List[Tuple[int, bytes]]:
+        """journal_read without opening the journal for appends: nothing is created or cut off,
+        so another process (the running writer) may append meanwhile."""
+        floor, records, _ = self._scan_journal()
+        return [(rid, payload) for rid, payload in records if rid > floor]
+
     def journal_truncate(self, upto: int) -> None:
         with self._jlock:
             self._open_journal()

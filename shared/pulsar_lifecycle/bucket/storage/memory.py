@@ -122,6 +122,10 @@ class MemorySnapshotStorage:
         with self._lock:
             return list(self._journal)
 
+    def journal_peek(self) -> List[Tuple[int, bytes]]:
+        """The same as journal_read (a memory store has nothing to repair)."""
+        return self.journal_read()
+
     def journal_truncate(self, upto: int) -> None:
         with self._lock:
             self._journal = [(i, r) for i, r in self._journal if i > upto]

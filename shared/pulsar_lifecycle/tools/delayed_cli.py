@@ -1,0 +1,212 @@
+"""`pulsar-lifecycle delayed send|cancel`: one delayed message from the shell, through the same
+producer API as the library (`pulsar_lifecycle.timing.DelayedProducer`, scheduler backend).
+
+`send` prints the id that cancels the message: the scheduling message's position,
+`<ledger>:<entry>[:<batch index>]` (with `@<partition>` on a partitioned scheduling topic), the
+form of the `__pl_cancel__` property. Every argument (topic, time, delay bound, properties) is
+checked before anything connects.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
+
+import click
+
+from ..cli_args import check_service_url, check_topic, format_ms, parse_duration_ms, parse_time_ms
+from ..clock import wall_clock_ms
+from ..scheduling_protocol import MessageRef, ProtocolError
+from ..topics import partition_name
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 30.0
+DEFAULT_WRITER_CONFIG = "function-configs/bucket-snapshot-writer.yaml"
+RESERVED_PREFIX = "__pl_"
+
+
+@dataclass(frozen=True)
+class WriterTerms:
+    """What the writer accepts: its scheduling topic, the longest delay, the allowed targets."""
+
+    scheduling_topic: str
+    max_delay_ms: int
+    allowed_prefixes: Tuple[str, ...]  # empty: not known (no writer config), not checked
+
+
+def writer_terms(writer_config: Optional[str], scheduling_topic: Optional[str]) -> WriterTerms:
+    """The terms from the writer's function config (the shipped one by default) and/or
+    --scheduling-topic; click.BadParameter when neither names a scheduling topic."""
+    from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
+    from ..config.settings import defaults_of
+    from ..scheduler.config import WriterConfig, parse_writer_config, scheduling_input
+
+    path = writer_config or (DEFAULT_WRITER_CONFIG if Path(DEFAULT_WRITER_CONFIG).is_file() else None)
+    if path is None:
+        if not scheduling_topic:
+            raise click.BadParameter(f"no writer config ({DEFAULT_WRITER_CONFIG} is not here): give "
+                                     "--writer-config or --scheduling-topic", param_hint="--scheduling-topic")
+        max_s = int(defaults_of(WriterConfig)["maxDelaySeconds"])
+        return WriterTerms(check_topic("--scheduling-topic", scheduling_topic), max_s * 1000, ())
+    if not Path(path).is_file():
+        raise click.BadParameter(f"{path} not found", param_hint="--writer-config")
+    try:
+        spec = spec_from_config(load_function_config(path))
+        topic, _direct = scheduling_input(spec.inputs, spec.user_config or {})
+        cfg = parse_writer_config(spec.user_config or {}, topic=topic)
+    except (FunctionConfigError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: not a BucketSnapshotWriter config: {exc}", param_hint="--writer-config") from exc
+    chosen = check_topic("--scheduling-topic", scheduling_topic) if scheduling_topic else topic
+    return WriterTerms(chosen, cfg.max_delay_seconds * 1000, tuple(cfg.allowed_target_prefixes))
+
+
+def deliver_at_ms(at: Optional[str], delay: Optional[str], max_delay_ms: int, now_ms: int) -> int:
+    """The deliver-at time of `--at` / `--in`, refused when in the past or beyond the writer's
+    maxDelaySeconds (it would send such a message to its -INVALID topic)."""
+    if (at is None) == (delay is None):
+        raise click.UsageError("give exactly one of --at (a time) and --in (a delay)")
+    if at is not None:
+        when = parse_time_ms("--at", at)
+        if when < now_ms:
+            raise click.BadParameter(f"{at} is {format_ms(when)}, {(now_ms - when) / 1000:.0f} s in the past",
+                                     param_hint="--at")
+        option = "--at"
+    else:
+        when = now_ms + parse_duration_ms("--in", delay or "")
+        option = "--in"
+    if when - now_ms > max_delay_ms:
+        raise click.BadParameter(f"{at or delay} is {(when - now_ms) / 86_400_000:.1f} days away; the writer accepts "
+                                 f"at most {max_delay_ms // 1000} s (maxDelaySeconds)", param_hint=option)
+    return when
+
+
+def parse_properties(items: Tuple[str, ...]) -> Dict[str, str]:
+    """`key=value` options as a dict; the scheduling protocol's own `__pl_*` names are refused."""
+    out: Dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{item!r} is not key=value", param_hint="--property")
+        if key.startswith(RESERVED_PREFIX):
+            raise click.BadParameter(f"{key!r}: properties starting with {RESERVED_PREFIX} belong to the scheduling "
+                                     "protocol", param_hint="--property")
+        out[key] = value
+    return out
+
+
+def format_cancel_id(message_id: Any) -> str:
+    """The id `delayed cancel` takes, from the scheduling message's id."""
+    ref = MessageRef.of(message_id).format_cancel()
+    partition = int(message_id.partition())
+    return f"{ref}@{partition}" if partition >= 0 else ref
+
+
+def parse_cancel_id(text: str) -> Tuple[MessageRef, int]:
+    """(position, partition or -1) of a `delayed send` id; click.BadParameter when malformed."""
+    ref_text, _, part = text.strip().partition("@")
+    try:
+        ref = MessageRef.parse_cancel(ref_text)
+    except ProtocolError as exc:
+        raise click.BadParameter(f"{text!r} is not an id `delayed send` printed (<ledger>:<entry>[:<batch>]"
+                                 f"[@<partition>]): {exc}", param_hint="ID") from exc
+    if part and not part.isdigit():
+        raise click.BadParameter(f"{text!r}: the partition after @ must be a number", param_hint="ID")
+    return ref, int(part) if part else -1
+
+
+def _writer_options(f: Any) -> Any:
+    f = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=CONNECT_TIMEOUT_S,
+                     show_default=True, help="Seconds to wait for the broker.")(f)
+    f = click.option("--scheduling-topic", default=None,
+                     help="The writer's scheduling topic (default: schedulingTopic of --writer-config).")(f)
+    f = click.option("--writer-config", default=None,
+                     help=f"The BucketSnapshotWriter's config YAML [default: {DEFAULT_WRITER_CONFIG} when present]: "
+                          "its scheduling topic, maxDelaySeconds and allowedTargetPrefix.")(f)
+    f = click.option("--service-url", required=True, help="pulsar:// URL of the broker the writer runs on.")(f)
+    return f
+
+
+@click.group("delayed")
+def delayed() -> None:
+    """Send a message to be delivered later (through the BucketSnapshotWriter), or cancel one."""
+
+
+@delayed.command("send")
+@click.argument("topic")
+@click.argument("payload", required=False)
+@click.option("--file", "payload_file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Send this file's bytes as the payload.")
+@click.option("--at", "at", default=None, help="Deliver at: an ISO 8601 time (UTC unless it says) or epoch ms.")
+@click.option("--in", "delay", default=None, help="Deliver after this delay: 90s, 2h, 30d, 1h30m (ms s m h d w).")
+@click.option("--key", default=None, help="Message key.")
+@click.option("--property", "-p", "props", multiple=True, help="A message property, key=value (repeatable).")
+@_writer_options
+def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Optional[str], delay: Optional[str],
+         key: Optional[str], props: Tuple[str, ...], service_url: str, writer_config: Optional[str],
+         scheduling_topic: Optional[str], connect_timeout: float) -> None:
+    """Deliver PAYLOAD (or --file) to TOPIC at --at or after --in; prints the id that cancels it.
+
+    Example: pulsar-lifecycle delayed send persistent://public/default/orders 'hello' --in 90s
+    --service-url pulsar://127.0.0.1:6650
+    """
+    from ..runtime.connect import open_client
+    from ..timing import DelayedProducer
+
+    target = check_topic("TOPIC", topic)
+    check_service_url("--service-url", service_url)
+    if (payload is None) == (payload_file is None):
+        raise click.UsageError("give the payload as an argument or with --file (one of them)")
+    data = Path(payload_file).read_bytes() if payload_file else (payload or "").encode("utf-8")
+    properties = parse_properties(props)
+    terms = writer_terms(writer_config, scheduling_topic)
+    if terms.allowed_prefixes and not target.startswith(terms.allowed_prefixes):
+        raise click.BadParameter(f"{target} is not under the writer's allowedTargetPrefix "
+                                 f"{list(terms.allowed_prefixes)}: it would send the message to its -INVALID topic",
+                                 param_hint="TOPIC")
+    now = wall_clock_ms()
+    when = deliver_at_ms(at, delay, terms.max_delay_ms, now)
+    client = open_client(service_url, connect_timeout)
+    producer = DelayedProducer(client, backend="scheduler", scheduling_topic=terms.scheduling_topic)
+    try:
+        mid = producer.send(target, data, when, properties=properties or None, key=key)
+    finally:
+        producer.close()
+        client.close()
+    ident = format_cancel_id(mid)
+    log.info("event=delayed_sent target=%s deliver_at=%d id=%s scheduling_topic=%s", target, when, ident,
+             terms.scheduling_topic)
+    click.echo(ident)
+    click.echo(f"deliver at {format_ms(when)} (in {max(0, when - now) / 1000:.1f} s) to {target}; "
+               f"cancel: pulsar-lifecycle delayed cancel {ident} --service-url {service_url}", err=True)
+
+
+@delayed.command("cancel")
+@click.argument("message_id", metavar="ID")
+@_writer_options
+def cancel(message_id: str, service_url: str, writer_config: Optional[str], scheduling_topic: Optional[str],
+           connect_timeout: float) -> None:
+    """Cancel the delayed message `delayed send` printed ID for (if it is not released yet).
+
+    The writer drops it at its release time; one already released cannot be called back (the
+    writer logs that).
+    """
+    import pulsar
+
+    from ..runtime.connect import open_client
+    from ..timing import DelayedProducer
+
+    ref, partition = parse_cancel_id(message_id)
+    check_service_url("--service-url", service_url)
+    terms = writer_terms(writer_config, scheduling_topic)
+    topic = partition_name(terms.scheduling_topic, partition) if partition >= 0 else terms.scheduling_topic
+    client = open_client(service_url, connect_timeout)
+    producer = DelayedProducer(client, backend="scheduler", scheduling_topic=topic)
+    try:
+        producer.cancel(pulsar.MessageId(partition, ref.ledger_id, ref.entry_id, ref.batch_index))
+    finally:
+        producer.close()
+        client.close()
+    log.info("event=delayed_cancel_sent id=%s scheduling_topic=%s", message_id, topic)
+    click.echo(f"cancel of {message_id} sent to {topic}", err=True)

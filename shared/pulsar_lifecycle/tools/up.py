@@ -1,0 +1,189 @@
+"""`pulsar-lifecycle up`: the broker and every shipped function as one long-lived local service.
+
+One process: the embedded pulsar-lite broker (or an external one), and one local runner
+(runtime/localrun.py, as `localrun` runs it) per function config. Everything keeps its data in
+one `--data-dir` (the broker's store, the function state, the writer's bucket snapshots), the
+same layout `localrun` uses, so a restart with the same directory picks up where the last run
+stopped and `inspect writer --data-dir DIR` reads what `up` runs.
+
+The configs are wired together for one machine: the functions that delay through the writer
+(the deletion worker's retries, the syncer's forwards) use the scheduling topic of the writer
+that runs here; on the embedded broker the deletion worker runs without the admin REST and
+bookie HTTP URLs (pulsar-lite has neither), and the writer and syncer record their metrics
+every `METRICS_INTERVAL_S` seconds for the status view.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..config.function_config import load_function_config, spec_from_config
+from ..function_registry import USER_CONFIG_KEYS
+from ..logging_setup import route_client_log
+from ..runtime.broker import EmbeddedBroker
+from ..runtime.client import quiet_client
+from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, check_reachable, prepare_data_dir
+from ..scheduler.wake import send_start_ticks
+
+log = logging.getLogger(__name__)
+
+__all__ = ["FunctionPlan", "LocalService", "plan_functions"]
+
+WRITER = "bucket_snapshot_writer.BucketSnapshotWriter"
+SYNCER = "delay_level_syncer.DelayLevelSyncer"
+WORKER = "ledger_deletion_worker.LedgerDeletionWorker"
+# Start order: the writer first (the others send to its scheduling topic), unknown classes last.
+START_ORDER = {WRITER: 0, SYNCER: 1, WORKER: 2}
+METRICS_INTERVAL_S = 2
+LITE_UNSERVED_KEYS = ("pulsarAdminUrl", "bookieHttpUrls")
+
+
+@dataclass(frozen=True)
+class FunctionPlan:
+    """One function `up` runs: its config file, spec (with up's wiring applied) and what changed."""
+
+    path: Path
+    spec: Any
+    changes: Tuple[str, ...] = ()
+
+
+def _configs(files: Sequence[Path]) -> Tuple[List[Tuple[Path, Dict[str, Any]]], List[str]]:
+    """(configs to run, notes on skipped ones): one config per function name, the file with the
+    shortest name winning (`bucket-snapshot-writer.yaml` over `...-partitioned.yaml`)."""
+    loaded = [(path, load_function_config(path)) for path in sorted(files, key=lambda p: (len(p.name), p.name))]
+    chosen: Dict[str, Tuple[Path, Dict[str, Any]]] = {}
+    notes = []
+    for path, cfg in loaded:
+        spec = spec_from_config(cfg)
+        fqfn = f"{spec.tenant}/{spec.namespace}/{spec.name}"
+        if fqfn in chosen:
+            notes.append(f"skipped {path.name}: another config of {fqfn} ({chosen[fqfn][0].name}) runs")
+            continue
+        chosen[fqfn] = (path, cfg)
+    return list(chosen.values()), notes
+
+
+def plan_functions(files: Sequence[Path], embedded: bool) -> Tuple[List[FunctionPlan], List[str]]:
+    """The functions to run, wired for one machine (see the module docstring), in start order."""
+    configs, notes = _configs(files)
+    specs = [(path, cfg, spec_from_config(cfg)) for path, cfg in configs]
+    writer = next((spec for _, _, spec in specs if spec.class_name == WRITER), None)
+    scheduling = (writer.user_config or {}).get("schedulingTopic") if writer is not None else None
+    plans = []
+    for path, cfg, spec in specs:
+        user = dict(spec.user_config or {})
+        changes = []
+        keys = USER_CONFIG_KEYS.get(spec.class_name, ())
+        if scheduling and spec.class_name in (SYNCER, WORKER) and user.get("schedulingTopic") not in (None, scheduling):
+            uses_writer = (user.get("delayBackend", "scheduler") == "scheduler" if spec.class_name == WORKER
+                           else user.get("nearTermBackend", "scheduler") == "scheduler")
+            if uses_writer:
+                changes.append(f"schedulingTopic={scheduling} (the writer running here)")
+                user["schedulingTopic"] = scheduling
+        if embedded and spec.class_name == WORKER:
+            dropped = [k for k in LITE_UNSERVED_KEYS if k in user]
+            for k in dropped:
+                del user[k]
+            if dropped:
+                changes.append(f"without {', '.join(dropped)} (pulsar-lite serves neither)")
+        if "metricsIntervalSeconds" in keys:
+            user["metricsIntervalSeconds"] = METRICS_INTERVAL_S
+        plans.append(FunctionPlan(path, spec_from_config(cfg, {"userConfig": user}), tuple(changes)))
+    plans.sort(key=lambda p: START_ORDER.get(p.spec.class_name, len(START_ORDER)))
+    return plans, notes
+
+
+@dataclass
+class LocalService:
+    """The broker and the planned functions, started and stopped together."""
+
+    plans: List[FunctionPlan]
+    data_dir: Path
+    broker_service_url: Optional[str] = None
+    state_storage_service_url: Optional[str] = None
+    embedded_broker_port: int = 0
+    broker: Optional[EmbeddedBroker] = None
+    runners: Dict[str, LocalRunner] = field(default_factory=dict)
+    client_log: str = ""
+    _lock: Optional[DataDirLock] = field(default=None, repr=False)
+    _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def service_url(self) -> str:
+        """The broker URL everything uses."""
+        if self.broker_service_url:
+            return self.broker_service_url
+        assert self.broker is not None, "start() first"
+        return self.broker.service_url
+
+    def start(self) -> "LocalService":
+        """Start the broker (unless external), then every function in plan order; on a failure
+        stop what started and raise."""
+        prepare_data_dir(self.data_dir)
+        self.client_log = route_client_log(self.data_dir / "pulsar-client.log")
+        try:
+            if self.broker_service_url:
+                check_reachable(self.broker_service_url)
+            else:
+                self._lock = DataDirLock(self.data_dir)
+                self._lock.acquire()
+                self.broker = EmbeddedBroker(data_dir=self.data_dir / "broker", port=self.embedded_broker_port,
+                                             die_with_parent=True)
+                # After a crash the previous run's broker lives on for its grace period.
+                self.broker.start(wait_for_previous=self.broker.orphan_grace_seconds + 10)
+            for plan in self.plans:
+                spec = plan.spec
+                opts = LocalRunOptions(broker_service_url=self.service_url,
+                                       state_storage_service_url=self.state_storage_service_url,
+                                       data_dir=self.data_dir)
+                self.runners[spec.name] = LocalRunner(spec, opts).start()
+                log.info("event=up_function_started fqfn=%s/%s/%s config=%s", spec.tenant, spec.namespace, spec.name,
+                         plan.path.name)
+            self._wake()
+        except BaseException:
+            self.stop()
+            raise
+        log.info("event=up_started broker=%s functions=%d data_dir=%s", self.service_url, len(self.runners),
+                 self.data_dir)
+        return self
+
+    def _wake(self) -> None:
+        """One tick to every function that waits for its first input in `hold` mode, so each
+        builds its service now rather than at the first message (extra ticks are acked)."""
+        topics = [p.spec.user_config.get("tickTopic") for p in self.plans
+                  if p.spec.user_config.get("tickTopic") and p.spec.user_config.get("tickMode", "hold") != "runner"]
+        if not topics:
+            return
+        client = quiet_client(self.service_url)
+        try:
+            for topic in topics:
+                send_start_ticks(client, topic, 1)
+        finally:
+            client.close()
+
+    def wait(self, timeout: Optional[float]) -> bool:
+        """Block until stop() is called or `timeout` passes; True when stopped."""
+        return self._stopped.wait(timeout)
+
+    def request_stop(self) -> None:
+        """Ask wait() to return (from a signal handler; stop() does the work)."""
+        self._stopped.set()
+
+    def stop(self) -> None:
+        """Stop the functions (last started first), then the broker; release --data-dir. Safe twice."""
+        self._stopped.set()
+        for name in reversed(list(self.runners)):
+            t0 = time.monotonic()
+            self.runners[name].stop()
+            log.info("event=up_function_stopped name=%s seconds=%.2f", name, time.monotonic() - t0)
+        self.runners.clear()
+        if self.broker is not None:
+            self.broker.stop(remove_data=False)
+            self.broker = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
