@@ -269,8 +269,10 @@ class PulsarStandalone:
             args += ["--functions-worker-conf", str(fw)]
         else:
             args.append("--no-functions-worker")
+        # The ~300-jar classpath goes through a Java argument file, so `ps` shows a readable command.
+        (d / "classpath.args").write_text(f'-cp "{self.release.classpath_arg}"\n')
         cmd = [java, *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
-               f"-Dpulsar.log.dir={d / 'logs'}", "-cp", self.release.classpath_arg,
+               f"-Dpulsar.log.dir={d / 'logs'}", f"@{d / 'classpath.args'}",
                "org.apache.pulsar.PulsarStandaloneStarter", *args]
         env = dict(os.environ, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
         self._log_file = open(d / "logs" / "stdout.log", "ab")
