@@ -7,7 +7,9 @@
 2. internalStats calls per topic per TTL window under concurrent load (must stay at most 1),
    with a simulated clock spanning several TTLs.
 
-    python bench/bench_deletion.py [--ledgers 2000] [--topics 20] [--runs 3]
+    python bench/bench_deletion.py [--ledgers 2000] [--topics 20] [--runs 3] [--concurrency 1,8]
+
+`--concurrency` runs the worker once per listed maxDeletionsInFlight (default: the worker's default).
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -85,8 +87,8 @@ def run_engine(n: int, topics: int) -> Tuple[float, int]:
     return n / dt, calls
 
 
-def run_worker(n: int, topics: int) -> Tuple[float, int]:
-    """The function end to end: phase one sends, one localrun instance deletes."""
+def run_worker(n: int, topics: int, in_flight: Optional[int] = None) -> Tuple[float, int]:
+    """The function end to end: phase one sends, one localrun instance deletes (`in_flight` at once)."""
     from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
     from pulsar_lifecycle.deletion.service import LedgerDeletionService
     from pulsar_lifecycle.runtime.broker import EmbeddedBroker
@@ -107,7 +109,8 @@ def run_worker(n: int, topics: int) -> Tuple[float, int]:
             spec = spec_from_config(load_function_config(ROOT / "function-configs" / "ledger-deletion-worker.yaml"), {
                 "inputs": dtopics.input_topics(), "parallelism": 1, "userConfig": {
                     "deletionTopicName": dtopics.topic_name, "delayBackend": "broker",
-                    "pulsarAdminUrl": admin.url, "bookieHttpUrls": [bookie.url]}})
+                    "pulsarAdminUrl": admin.url, "bookieHttpUrls": [bookie.url],
+                    **({"maxDeletionsInFlight": in_flight} if in_flight else {})}})
             t0 = time.perf_counter()
             runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=Path(tmp) / "run")).start()
             deadline = time.monotonic() + 300
@@ -180,21 +183,27 @@ def main() -> None:
     ap.add_argument("--topics", type=int, default=20)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-worker", action="store_true", help="skip the end-to-end function run")
+    ap.add_argument("--concurrency", default="", help="comma-separated maxDeletionsInFlight values for the worker")
     args = ap.parse_args()
-    raw, eng, wrk = [], [], []
+    levels: List[Optional[int]] = [int(c) for c in args.concurrency.split(",") if c.strip()] or [None]
+    raw: List[float] = []
+    eng: List[float] = []
+    wrk: Dict[Optional[int], List[float]] = {c: [] for c in levels}
     for r in range(args.runs):
         raw.append(run_raw(args.ledgers, args.topics))
         e, ecalls = run_engine(args.ledgers, args.topics)
         eng.append(e)
         line = f"run {r + 1}: raw {raw[-1]:8.0f} del/s | engine {e:8.0f} del/s ({e / raw[-1]:.2f}x raw, internalStats/topic {ecalls})"
-        if not args.skip_worker:
-            w, wcalls = run_worker(args.ledgers, args.topics)
-            wrk.append(w)
-            line += f" | worker {w:8.0f} del/s ({w / raw[-1]:.2f}x raw, internalStats/topic {wcalls})"
+        for c in levels if not args.skip_worker else []:
+            w, wcalls = run_worker(args.ledgers, args.topics, c)
+            wrk[c].append(w)
+            line += (f" | worker{'' if c is None else f' x{c}'} {w:8.0f} del/s ({w / raw[-1]:.2f}x raw, "
+                     f"internalStats/topic {wcalls})")
         print(line, flush=True)
     print(f"median: raw {statistics.median(raw):.0f} del/s; engine {statistics.median(eng):.0f} del/s "
           f"(ratio {statistics.median(eng) / statistics.median(raw):.2f})"
-          + (f"; worker {statistics.median(wrk):.0f} del/s (ratio {statistics.median(wrk) / statistics.median(raw):.2f})" if wrk else ""))
+          + "".join(f"; worker{'' if c is None else f' x{c}'} {statistics.median(w):.0f} del/s "
+                    f"(ratio {statistics.median(w) / statistics.median(raw):.2f})" for c, w in wrk.items() if w))
     load = run_ttl_load(requests=20000, topics=50, threads=8, windows=5)
     print(f"internalStats under load (20000 checks, 8 threads): {load['total_calls']} calls for {load['topics']} topics over "
           f"{load['ttls']:.1f} TTLs = {load['per_topic_per_ttl']:.2f} per topic per TTL; smallest gap between two calls "

@@ -2,9 +2,11 @@
 
 Consumes the `__ledger_deletion` and `__ledger_deletion-RETRY` partitions; for each
 PendingDeleteLedgerInfo it checks in-use (internalStats ledgersCache), verifies ownership from
-the ledger's own metadata and deletes from BookKeeper or tiered storage. Retries and the DLQ are
-done here (the Python runtime rejects maxMessageRetries/deadLetterTopic). All logic lives in
-pulsar_lifecycle.deletion; this module only wires it up.
+the ledger's own metadata and deletes from BookKeeper or tiered storage, up to
+`maxDeletionsInFlight` at once, acking each request itself once its outcome is durable
+(`processingGuarantees: MANUAL`). Retries and the DLQ are done here (the Python runtime rejects
+maxMessageRetries/deadLetterTopic). All logic lives in pulsar_lifecycle.deletion; this module
+only wires it up.
 """
 from __future__ import annotations
 
@@ -24,3 +26,10 @@ class LedgerDeletionWorker:
 
             self._runner = build_worker(context)
         return self._runner.process(input, context)
+
+    def close(self) -> None:
+        """Let the deletions in flight finish and close the producers (the local runner calls it on
+        stop; Pulsar's Python runtime has no close, and what a killed instance left unacked is
+        redelivered)."""
+        if self._runner is not None:
+            self._runner.close()

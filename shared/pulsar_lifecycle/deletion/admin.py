@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Sequence, Set
 from ..topics import java_url_encode
 from .model import TopicRef
 from .ports import StorageError
-from .storage.http import HttpEndpoints
+from .storage.http import DEFAULT_POOL_SIZE, HttpEndpoints, pooled_session
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +48,12 @@ class PulsarAdminClient:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
-    def connect(cls, base_urls: Sequence[str], timeout: float = 10.0, token: Optional[str] = None) -> "PulsarAdminClient":
-        """A client for http(s)://broker:8080 URLs; `token` is sent as a Bearer token."""
+    def connect(cls, base_urls: Sequence[str], timeout: float = 10.0, token: Optional[str] = None,
+                pool_size: int = DEFAULT_POOL_SIZE) -> "PulsarAdminClient":
+        """A client for http(s)://broker:8080 URLs; `token` is sent as a Bearer token; `pool_size`
+        concurrent callers keep their connections."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpEndpoints(list(base_urls), timeout=timeout, headers=headers))
+        return cls(HttpEndpoints(list(base_urls), timeout=timeout, headers=headers, session=pooled_session(pool_size)))
 
     @staticmethod
     def _path(topic: "TopicRef", suffix: str) -> str:

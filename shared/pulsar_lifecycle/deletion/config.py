@@ -64,6 +64,11 @@ class DeletionConfig:
         "maxRedeliverCount", 10, "Retries before the DLQ (`RECONSUMETIMES` above this goes to the DLQ).", minimum=1)
     ledgers_cache_ttl_seconds: int = setting("ledgersCacheTtlSeconds", 600, "ledgersCache expire-after-write TTL.",
                                              minimum=1)
+    max_deletions_in_flight: int = setting(
+        "maxDeletionsInFlight", 8,
+        "Deletions one worker instance runs at once, never two of one ledger; each request is acked once its "
+        "outcome is durable. 1 = one at a time ([deletion.md](deletion.md#deletions-in-flight)).",
+        minimum=1, maximum=64)
     delay_backend: str = setting("delayBackend", "scheduler",
                                  "`broker` (deliver_at) or `scheduler` (the BucketSnapshotWriter).",
                                  choices=("broker", "scheduler"))

@@ -69,7 +69,7 @@ class Decision:
 
 @dataclass
 class DeletionEngine:
-    """Decides and performs (through the injected oracle and storages) one deletion at a time."""
+    """Decides and performs (through the injected oracle and storages) deletions, one per call."""
 
     oracle: LedgerInUseOracle
     router: StorageRouter
@@ -81,12 +81,22 @@ class DeletionEngine:
         if self.max_redeliver_count < 1:
             raise ValueError(f"maxRedeliverCount must be >= 1, got {self.max_redeliver_count}")
 
-    def handle(self, payload: bytes, attempts: int = 0, source_topic: Optional[str] = None) -> Decision:
-        """Process one message body that arrived `attempts` reconsumes ago on `source_topic`."""
-        try:
-            request = decode(payload)
-        except InvalidRequestError as exc:
-            return self._dead(DeletionOutcome.REJECTED, str(exc), None, attempts)
+    def handle(self, payload: bytes, attempts: int = 0, source_topic: Optional[str] = None,
+               request: Optional[PendingDeleteLedgerInfo] = None) -> Decision:
+        """Process one message body that arrived `attempts` reconsumes ago on `source_topic`.
+
+        `request` is the payload already decoded (the worker decodes once, to learn the ledger
+        before it schedules the deletion); None decodes it here.
+
+        Thread-safe: the worker runs several deletions at once. The oracle's cache loads each
+        topic once for all of them and the trusted registry is locked; nothing else here keeps
+        state between calls.
+        """
+        if request is None:
+            try:
+                request = decode(payload)
+            except InvalidRequestError as exc:
+                return self._dead(DeletionOutcome.REJECTED, str(exc), None, attempts)
         try:
             if self.topics.scope == "tenant":
                 if not source_topic:

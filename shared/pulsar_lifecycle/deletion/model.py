@@ -138,6 +138,17 @@ class PendingDeleteLedgerInfo:
         """Identity of the deletion (topic, ledger, component, type) for the trusted-id registry."""
         return (self.topic.short_name, self.ledger_id, self.ledger_component.value, self.ledger_type.value)
 
+    @property
+    def storage_key(self) -> Tuple[str, int]:
+        """The stored thing this request deletes, whatever topic it names.
+
+        BookKeeper ledger ids are cluster-wide, and an offloaded ledger keeps its id, so the id
+        with the kind of store identifies it; a forged request for another topic's ledger has the
+        same key as the real one. The worker never runs two requests with one key at once.
+        """
+        kind = "bucket" if self.ledger_component is LedgerComponent.DELAYED_INDEX_BUCKET else self.ledger_type.value
+        return (kind, self.ledger_id)
+
     def describe(self) -> str:
         """Short text with the ids, for log lines and DLQ reasons."""
         return (

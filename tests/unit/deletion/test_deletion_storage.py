@@ -36,6 +36,17 @@ def test_partitioned_internal_stats_for_base_names(admin_server):
     assert admin_server.calls_for("public/default/p", "partitioned-internalStats") == 1
 
 
+def test_environment_proxies_still_apply_though_read_once(admin_server, monkeypatch):
+    admin_server.set_topic(T, ledgers=[1])
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", "http://127.0.0.1:9")  # nothing listens there
+    with pytest.raises(StorageError, match="no endpoint reachable"):
+        PulsarAdminClient.connect([admin_server.url], timeout=2).in_use_ledger_ids(TopicRef.parse(T))
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert PulsarAdminClient.connect([admin_server.url]).in_use_ledger_ids(TopicRef.parse(T)) == {1}
+
+
 def test_admin_errors_and_failover(admin_server):
     admin_server.set_topic(T, ledgers=[1])
     # The first URL refuses connections; the client moves on to the live one.

@@ -16,7 +16,7 @@ from typing import Dict, Sequence, Set
 from ..exceptions import LedgerMissing
 from ..model import InvalidRequestError, LedgerComponent, PendingDeleteLedgerInfo
 from ..ports import DeleteResult, OwnershipCheck, OwnershipStatus, StorageError
-from .http import HttpEndpoints
+from .http import DEFAULT_POOL_SIZE, HttpEndpoints, pooled_session
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,10 @@ class BookieHttpClient:
     endpoints: HttpEndpoints
 
     @classmethod
-    def connect(cls, base_urls: Sequence[str], timeout: float = 10.0) -> "BookieHttpClient":
-        """A client for bookies at `base_urls` (e.g. http://bookie-1:8000)."""
-        return cls(HttpEndpoints(list(base_urls), timeout=timeout))
+    def connect(cls, base_urls: Sequence[str], timeout: float = 10.0,
+                pool_size: int = DEFAULT_POOL_SIZE) -> "BookieHttpClient":
+        """A client for bookies at `base_urls` (e.g. http://bookie-1:8000), for `pool_size` concurrent callers."""
+        return cls(HttpEndpoints(list(base_urls), timeout=timeout, session=pooled_session(pool_size)))
 
     def list_ledger_ids(self) -> Set[int]:
         """Every ledger id the cluster knows."""

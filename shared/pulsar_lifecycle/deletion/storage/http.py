@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence
 
 import requests
+import requests.adapters
+import requests.utils
 
 from ..ports import StorageError
 
@@ -31,6 +33,20 @@ class HttpResult:
             raise StorageError(f"expected a JSON body, got {self.text[:200]!r}: {exc}") from None
 
 
+# requests keeps 10 connections per host by default; more concurrent callers would open and drop
+# a connection per call beyond that.
+DEFAULT_POOL_SIZE = 10
+
+
+def pooled_session(pool_size: int = DEFAULT_POOL_SIZE) -> requests.Session:
+    """A Session keeping up to `pool_size` connections per host, for as many concurrent callers."""
+    session = requests.Session()
+    adapter = requests.adapters.HTTPAdapter(pool_maxsize=max(DEFAULT_POOL_SIZE, pool_size))
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
+
+
 @dataclass
 class HttpEndpoints:
     """Sends a request to one of `base_urls`, moving on to the next when one cannot be reached.
@@ -41,9 +57,10 @@ class HttpEndpoints:
     base_urls: Sequence[str]
     timeout: float = 10.0
     headers: Dict[str, str] = field(default_factory=dict)
-    session: requests.Session = field(default_factory=requests.Session)
+    session: requests.Session = field(default_factory=pooled_session)
     _rr: Any = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _env: Dict[str, Dict[str, Any]] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
         urls: List[str] = [u.rstrip("/") for u in self.base_urls if u]
@@ -54,6 +71,15 @@ class HttpEndpoints:
                 raise ValueError(f"base URL must start with http:// or https://, got {u!r}")
         self.base_urls = urls
         self._rr = itertools.cycle(range(len(urls)))
+        # What requests reads from the environment on every call (proxies and no_proxy, a CA
+        # bundle, netrc credentials) depends only on the host, so it is read once here: the
+        # per-call lookup walks os.environ twice and cost about a third of a call's CPU.
+        if self.session.trust_env:
+            for base in urls:
+                env = self.session.merge_environment_settings(base, {}, None, None, None)
+                netrc = requests.utils.get_netrc_auth(base)
+                self._env[base] = {**env, **({"auth": netrc} if netrc else {})}
+            self.session.trust_env = False
 
     def request(self, method: str, path: str, params: Optional[Dict[str, Any]] = None, **kw: Any) -> HttpResult:
         """Send; StorageError only when no endpoint could be reached."""
@@ -65,7 +91,8 @@ class HttpEndpoints:
             base = self.base_urls[(start + i) % len(self.base_urls)]
             try:
                 resp = self.session.request(
-                    method, base + path, params=params, timeout=self.timeout, headers=headers or None, **kw
+                    method, base + path, params=params, timeout=self.timeout, headers=headers or None,
+                    **{**self._env.get(base, {}), **kw},
                 )
             except requests.RequestException as exc:
                 log.warning("http %s %s%s unreachable: %s", method, base, path, exc)

@@ -25,12 +25,15 @@ def object_keys(uuid: str, ledger_id: int) -> Tuple[str, str]:
     return data, f"{data}-index"
 
 
-def make_s3_client(endpoint_url: Optional[str] = None, region: Optional[str] = None, **kw: Any) -> Any:
-    """A boto3 S3 client; credentials come from boto3's usual chain unless given in `kw`."""
+def make_s3_client(endpoint_url: Optional[str] = None, region: Optional[str] = None, pool_size: int = 10,
+                   **kw: Any) -> Any:
+    """A boto3 S3 client for `pool_size` concurrent callers (botocore keeps 10 connections by
+    default); credentials come from boto3's usual chain unless given in `kw`."""
     import boto3
     from botocore.config import Config
 
-    cfg = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=15)
+    cfg = Config(retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=15,
+                 max_pool_connections=max(10, pool_size))
     return boto3.client("s3", endpoint_url=endpoint_url, region_name=region or "us-east-1", config=cfg, **kw)
 
 
