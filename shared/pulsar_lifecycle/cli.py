@@ -163,13 +163,18 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
 
 
 @main.command()
+@click.option("--target", type=click.Choice(["cluster", "localrun"]), default="cluster", show_default=True,
+              help="Where the configs will run: cluster = pulsar-admin functions create under Pulsar's Python "
+                   "runtime (workers with function state); localrun = pulsar-lifecycle localrun.")
 @click.argument("files", nargs=-1, required=True, type=click.Path())
-def validate(files: Tuple[str, ...]) -> None:
-    """Check function-config YAMLs as pulsar-admin functions create would (exit 1 on problems)."""
+def validate(target: str, files: Tuple[str, ...]) -> None:
+    """Check function-config YAMLs for where they will run (exit 1 on problems): by default as
+    pulsar-admin functions create accepts and Pulsar's Python runtime starts them."""
     from .config.validate import validate_each
-    from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
+    from .function_registry import FUNCTION_CHECKS, TARGET_CHECKS, USER_CONFIG_KEYS
 
-    results = validate_each(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS)
+    results = validate_each(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS,
+                            target=target, target_checks=TARGET_CHECKS)
     bad = 0
     for name, problems in results:
         if problems:
@@ -181,7 +186,7 @@ def validate(files: Tuple[str, ...]) -> None:
     if bad:
         click.echo(f"{bad} of {len(results)} file(s) have problems", err=True)
         sys.exit(1)
-    click.echo(f"OK: {len(results)} file(s) checked")
+    click.echo(f"OK: {len(results)} file(s) checked for {target}")
 
 
 @main.command()

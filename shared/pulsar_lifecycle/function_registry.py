@@ -1,5 +1,6 @@
 """The shipped functions: their config classes (the userConfig keys each understands) and the
-checks `validate` runs on their configs (used by `validate`, the docs generator and the docs test)."""
+checks `validate` runs on their configs, in general and for where they will run (used by
+`validate`, the docs generator and the docs test)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,8 +12,21 @@ from .delaylevel.config import SyncerConfig
 from .deletion.config import DeletionConfig
 from .example import ExampleConfig
 from .scheduler.config import WriterConfig, check_writer_inputs
+from .scheduler.snapshot_location import location_problems
 
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
+#: (function config, target) -> problems there; targets in config/targets.py.
+TargetCheck = Callable[[Mapping[str, Any], str], List[str]]
+
+
+def _user_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    raw = cfg.get("userConfig")
+    return raw if isinstance(raw, Mapping) else {}
+
+
+def _writer_target_checks(cfg: Mapping[str, Any], target: str) -> List[str]:
+    """Where the writer's bucket index would live on `target` (scheduler/snapshot_location.py)."""
+    return location_problems(_user_config(cfg), target)
 
 
 @dataclass(frozen=True)
@@ -24,6 +38,7 @@ class FunctionEntry:
     configs: Tuple[type, ...]
     parse: Callable[[Mapping[str, Any]], Any]
     other_checks: Optional[FunctionCheck] = None
+    target_checks: Optional[TargetCheck] = None
 
     @property
     def title(self) -> str:
@@ -33,8 +48,7 @@ class FunctionEntry:
     def check(self, cfg: Mapping[str, Any]) -> List[str]:
         """The problems `validate` reports for a config of this function: its known userConfig
         values built as the function builds them (unknown keys are reported by the key check)."""
-        raw = cfg.get("userConfig")
-        user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+        user = _user_config(cfg)
         keys = {k for cls in self.configs for k in settings_of(cls)}
         problems: List[str] = []
         try:
@@ -47,7 +61,7 @@ class FunctionEntry:
 FUNCTIONS: Tuple[FunctionEntry, ...] = (
     FunctionEntry("example_function.ExampleFunction", (ExampleConfig,), ExampleConfig.from_user_config),
     FunctionEntry("bucket_snapshot_writer.BucketSnapshotWriter", (WriterConfig, BucketConfig),
-                  WriterConfig.from_user_config, check_writer_inputs),
+                  WriterConfig.from_user_config, check_writer_inputs, _writer_target_checks),
     # Offline, a secret is only named: any name resolves.
     FunctionEntry("ledger_deletion_worker.LedgerDeletionWorker", (DeletionConfig,),
                   lambda user: DeletionConfig.from_user_config(user, lambda name: "(offline)")),
@@ -60,3 +74,8 @@ USER_CONFIG_KEYS: Dict[str, Collection[str]] = {
 
 #: className -> the checks `validate` runs on a config of that class (one message per problem).
 FUNCTION_CHECKS: Dict[str, FunctionCheck] = {entry.class_name: entry.check for entry in FUNCTIONS}
+
+#: className -> its checks for a target (what would fail at start-up or on the first message there).
+TARGET_CHECKS: Dict[str, TargetCheck] = {
+    entry.class_name: entry.target_checks for entry in FUNCTIONS if entry.target_checks is not None
+}

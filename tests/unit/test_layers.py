@@ -30,6 +30,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("stores and the Pulsar Functions seam", (
         "pulsar_lifecycle.state",
         "pulsar_lifecycle.runtime.context_api",
+        "pulsar_lifecycle.runtime.state_service",
         "pulsar_lifecycle.runtime.client",
         "pulsar_lifecycle.runtime.metrics",
         "pulsar_lifecycle.runtime.classloader",

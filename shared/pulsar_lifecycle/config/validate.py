@@ -1,11 +1,15 @@
-"""Validate function config YAMLs the way ``pulsar-admin functions create`` would for Python.
+"""Validate function config YAMLs for where they will run (config/targets.py).
 
-Every problem becomes one line starting with the file name (and the line number when known), so
-a config that passes here is accepted by ``functions create`` and starts under the Python runtime:
-unknown fields (at any depth, listing the valid ones like pulsar-admin's "Invalid field ...
-Valid fields are [...]"), wrong types, bad enum values, the Python checks of
+Every problem becomes one line starting with the file name (and the line number when known).
+For the default target, `cluster`, a config that passes is accepted by ``pulsar-admin functions
+create`` and starts under Pulsar's Python runtime on workers with function state: unknown fields
+(at any depth, listing the valid ones like pulsar-admin's "Invalid field ... Valid fields are
+[...]"), wrong types, bad enum values, the Python checks of
 ``FunctionConfigUtils.doPythonChecks``/``doCommonChecks``, topic-name format, schema types, and
-optionally the userConfig keys each function class reads.
+optionally the userConfig keys each function class reads, the class's own checks and its checks
+for the target (``target_checks``: what would fail at start-up or on the first message there).
+For `localrun` the worker's checks are left out (``pulsar-admin functions localrun`` skips them
+too, and the local run mode accepts short topic names); the rest is the same.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
 
 from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError, is_named_entity
+from .exceptions import ConfigError
 from .function_config import (
     BOOL,
     CONSUMER,
@@ -36,6 +41,7 @@ from .function_config import (
     FunctionConfigError,
     load_function_config_with_lines,
 )
+from .targets import CLUSTER, TARGETS
 
 logger = logging.getLogger(__name__)
 
@@ -45,9 +51,12 @@ MIN_PYTHON_TIMEOUT_MS = 10_000
 TOPIC_SCHEMES: Tuple[str, ...] = FULL_NAME_PREFIXES
 _CLASS_NAME_RE = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _PY_URL_SCHEMES = ("http://", "https://", "file://", "function://")
+_USER_CONFIG_KEY_RE = re.compile(r"^userConfig (\w+)")
 
 KeyPath = Tuple[Any, ...]
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
+#: A function class's checks of a config for one target: (config, target) -> problems.
+TargetCheck = Callable[[Mapping[str, Any], str], List[str]]
 
 
 _TYPE_WORDS = {
@@ -213,8 +222,11 @@ def topic_problem(topic: str, *, regex: bool = False) -> Optional[str]:
     return None
 
 
-def _check_topic(report: _Report, where: KeyPath, topic: Any, *, regex: bool = False) -> None:
+def _check_topic(report: _Report, where: KeyPath, topic: Any, *, regex: bool = False,
+                 target: str = CLUSTER) -> None:
     if isinstance(topic, str):
+        if target != CLUSTER and not topic.startswith(TOPIC_SCHEMES):
+            return  # the local run mode qualifies a short name itself
         problem = topic_problem(topic, regex=regex)
         if problem:
             report.add(where, f"{_show(where)}: {problem}")
@@ -254,6 +266,9 @@ def _semantic_checks(
     cfg: Mapping[str, Any],
     user_config_keys: Optional[Mapping[str, Collection[str]]],
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> None:
     def get(key: str, t: FieldType) -> Any:
         value = cfg.get(key)
@@ -285,8 +300,23 @@ def _semantic_checks(
         report.add(("py",), f"py '{py}' must be a .py, .zip or .whl file or a "
                             f"{'/'.join(s[:-3] for s in _PY_URL_SCHEMES)} URL")
 
-    # --- Python-runtime rules of FunctionConfigUtils.doPythonChecks / doCommonChecks --------
     guarantees = get("processingGuarantees", STR)
+    timeout = get("timeoutMs", INT)
+    if timeout is not None and 0 < timeout < MIN_PYTHON_TIMEOUT_MS:
+        report.add(("timeoutMs",),
+                   f"timeoutMs ({timeout}) is below {MIN_PYTHON_TIMEOUT_MS}: the Python client rejects "
+                   f"an ack timeout under 10 seconds and the instance fails to start")
+    if target == CLUSTER:
+        _worker_checks(report, cfg, get, guarantees, timeout)
+    _topic_and_schema_checks(report, cfg, get, target)
+    _check_function(report, cfg, class_name, get("userConfig", MAP_ANY) or {}, user_config_keys, function_checks,
+                    target=target, target_checks=target_checks)
+
+
+def _worker_checks(report: _Report, cfg: Mapping[str, Any], get: Callable[[str, FieldType], Any],
+                   guarantees: Optional[str], timeout: Optional[int]) -> None:
+    """The Python-runtime rules of FunctionConfigUtils.doPythonChecks / doCommonChecks, which
+    `functions create` applies (and `pulsar-admin functions localrun` does not)."""
     if guarantees == "EFFECTIVELY_ONCE":
         report.add(("processingGuarantees",),
                    "processingGuarantees EFFECTIVELY_ONCE: Effectively-once processing guarantees "
@@ -303,14 +333,9 @@ def _semantic_checks(
                    "deadLetterTopic: Dead Letter Topic specified, however max retries is set to infinity "
                    "(a DLQ needs maxMessageRetries, which Python functions cannot set; "
                    "publish to a DLQ from the function's own code)")
-    timeout = get("timeoutMs", INT)
     if timeout is not None:
         if timeout <= 0:
             report.add(("timeoutMs",), f"timeoutMs ({timeout}): Function timeout must be a positive number")
-        elif timeout < MIN_PYTHON_TIMEOUT_MS:
-            report.add(("timeoutMs",),
-                       f"timeoutMs ({timeout}) is below {MIN_PYTHON_TIMEOUT_MS}: the Python client rejects "
-                       f"an ack timeout under 10 seconds and the instance fails to start")
         if guarantees in PROCESSING_GUARANTEES and guarantees != "ATLEAST_ONCE":
             report.add(("timeoutMs",), f"timeoutMs: Message timeout can only be specified with "
                                        f"processing guarantee is ATLEAST_ONCE (is {guarantees})")
@@ -331,44 +356,47 @@ def _semantic_checks(
         if value is not None and value <= 0:
             report.add((key,), f"{key} ({value}) must be positive")
 
+
+def _topic_and_schema_checks(report: _Report, cfg: Mapping[str, Any], get: Callable[[str, FieldType], Any],
+                             target: str) -> None:
     # --- topics -----------------------------------------------------------------------------
     input_topics: List[str] = []
     for i, topic in enumerate(get("inputs", LIST_STR) or []):
-        _check_topic(report, ("inputs", i), topic)
+        _check_topic(report, ("inputs", i), topic, target=target)
         if isinstance(topic, str):
             input_topics.append(topic)
     for key in ("customSerdeInputs", "customSchemaInputs"):
         for topic in get(key, MAP_ANY) or {}:
             if isinstance(topic, str):
-                _check_topic(report, (key, topic), topic)
+                _check_topic(report, (key, topic), topic, target=target)
                 input_topics.append(topic)
     specs = get("inputSpecs", MAP_ANY) or {}
     for topic, spec in specs.items():
         if not isinstance(topic, str):
             continue
         regex = isinstance(spec, dict) and spec.get("regexPattern") is True
-        _check_topic(report, ("inputSpecs", topic), topic, regex=regex)
+        _check_topic(report, ("inputSpecs", topic), topic, regex=regex, target=target)
         input_topics.append(topic)
     pattern = get("topicsPattern", STR)
     if pattern is not None:
-        _check_topic(report, ("topicsPattern",), pattern, regex=True)
+        _check_topic(report, ("topicsPattern",), pattern, regex=True, target=target)
         input_topics.append(pattern)
     if not input_topics:
         report.add((), "No input topic(s) specified for the function "
                        "(set inputs, inputSpecs, topicsPattern, customSerdeInputs or customSchemaInputs)")
     output = get("output", STR)
     if output:
-        _check_topic(report, ("output",), output)
+        _check_topic(report, ("output",), output, target=target)
         if output in input_topics:
             report.add(("output",), f"Output topic {output} is also being used as an input topic "
                                     f"(topics must be one or the other)")
     for key in ("logTopic", "deadLetterTopic"):
         value = get(key, STR)
         if value:
-            _check_topic(report, (key,), value)
+            _check_topic(report, (key,), value, target=target)
     for topic in get("customSchemaOutputs", MAP_ANY) or {}:
         if isinstance(topic, str):
-            _check_topic(report, ("customSchemaOutputs", topic), topic)
+            _check_topic(report, ("customSchemaOutputs", topic), topic, target=target)
     user_config = get("userConfig", MAP_ANY) or {}
     for key, value in user_config.items():
         if not (isinstance(key, str) and _is_topic_key(key)):
@@ -379,7 +407,7 @@ def _semantic_checks(
             # legitimately be a short name or a suffix the function qualifies itself.
             if isinstance(item, str) and item.startswith(TOPIC_SCHEMES):
                 where = ("userConfig", key, i) if isinstance(value, list) else ("userConfig", key)
-                _check_topic(report, where, item)
+                _check_topic(report, where, item, target=target)
 
     # --- schemas and serdes -----------------------------------------------------------------
     input_type = get("inputTypeClassName", STR)
@@ -414,8 +442,6 @@ def _semantic_checks(
     for key in ("inputTypeClassName", "outputTypeClassName"):
         _check_class_name(report, (key,), get(key, STR), "class")
 
-    _check_function(report, cfg, class_name, user_config, user_config_keys, function_checks)
-
 
 def _check_function(
     report: _Report,
@@ -424,8 +450,12 @@ def _check_function(
     user_config: Mapping[str, Any],
     user_config_keys: Optional[Mapping[str, Collection[str]]],
     function_checks: Optional[Mapping[str, FunctionCheck]],
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> None:
-    """The checks that belong to the function class itself: its userConfig keys and its own rules."""
+    """The checks that belong to the function class itself: its userConfig keys, its own rules
+    and what would fail where the config will run (`target`)."""
     # --- userConfig keys the function class reads -------------------------------------------
     if user_config_keys is not None and class_name and class_name in user_config_keys:
         known = sorted(user_config_keys[class_name])
@@ -441,6 +471,13 @@ def _check_function(
     if function_checks is not None and class_name and class_name in function_checks:
         for message in function_checks[class_name](cfg):
             report.add(("userConfig",), f"{class_name}: {message}")
+    if target_checks is not None and class_name and class_name in target_checks:
+        for message in target_checks[class_name](cfg, target):
+            # A message naming "userConfig <key>" points at that key's line when the key is there.
+            named = _USER_CONFIG_KEY_RE.match(message)
+            named_key = named.group(1) if named and named.group(1) in user_config else None
+            where: KeyPath = ("userConfig", named_key) if named_key else ("userConfig",)
+            report.add(where, f"{class_name} ({target}): {message}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -452,14 +489,23 @@ def _validate(
     user_config_keys: Optional[Mapping[str, Collection[str]]],
     lines: Mapping[KeyPath, int],
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> List[str]:
     report = _Report(path=path, lines=lines)
     if not isinstance(cfg, Mapping):
         report.add((), f"function config must be a mapping of field names, got {_type_name(cfg)}")
         return report.problems
     _check_object(report, (), cfg, FUNCTION_CONFIG)
-    _semantic_checks(report, cfg, user_config_keys, function_checks)
+    _semantic_checks(report, cfg, user_config_keys, function_checks, target=target, target_checks=target_checks)
     return report.problems
+
+
+def _check_target(target: str) -> str:
+    if target not in TARGETS:
+        raise ConfigError(f"unknown validation target {target!r}; expected one of {', '.join(TARGETS)}")
+    return target
 
 
 def validate_config(
@@ -467,15 +513,21 @@ def validate_config(
     path: str,
     user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> List[str]:
     """Check a loaded function config; return one line per problem, each starting with ``path``.
 
     ``user_config_keys`` maps a className to the userConfig keys that class reads; for a config
     whose className is in it, any other userConfig key is reported with the valid ones.
-    ``function_checks`` maps a className to its own checks (each message becomes a problem).
-    An empty list means the config is accepted by ``pulsar-admin functions create`` for Python.
+    ``function_checks`` maps a className to its own checks (each message becomes a problem), and
+    ``target_checks`` to its checks for ``target`` (config/targets.py). For ``cluster`` an empty
+    list means ``pulsar-admin functions create`` accepts the config and the checked functions
+    start under Pulsar's Python runtime.
     """
-    return _validate(cfg, str(path), user_config_keys, {}, function_checks)
+    return _validate(cfg, str(path), user_config_keys, {}, function_checks,
+                     target=_check_target(target), target_checks=target_checks)
 
 
 def function_problems(
@@ -520,21 +572,30 @@ def validate_files(
     paths: Iterable[Union[str, Path]],
     user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> List[str]:
     """Load and validate function config files (a directory means its *.yaml/*.yml files).
 
     Returns one line per problem across all files, each starting with the file name (and line
-    number where known); an empty list means every file is valid.
+    number where known); an empty list means every file is valid for `target`.
     """
-    return [line for _name, found in validate_each(paths, user_config_keys, function_checks) for line in found]
+    results = validate_each(paths, user_config_keys, function_checks, target=target, target_checks=target_checks)
+    return [line for _name, found in results for line in found]
 
 
 def validate_each(
     paths: Iterable[Union[str, Path]],
     user_config_keys: Optional[Mapping[str, Collection[str]]] = None,
     function_checks: Optional[Mapping[str, FunctionCheck]] = None,
+    *,
+    target: str = CLUSTER,
+    target_checks: Optional[Mapping[str, TargetCheck]] = None,
 ) -> List[Tuple[str, List[str]]]:
-    """(file, its problems) for every file the paths name, in order; a bad file never hides the rest."""
+    """(file, its problems for `target`) for every file the paths name, in order; a bad file never
+    hides the rest."""
+    _check_target(target)
     results: List[Tuple[str, List[str]]] = []
     for f in _expand(paths):
         if isinstance(f, str):
@@ -542,7 +603,8 @@ def validate_each(
             continue
         try:
             cfg, lines = load_function_config_with_lines(f)
-            found = _validate(cfg, str(f), user_config_keys, lines, function_checks)
+            found = _validate(cfg, str(f), user_config_keys, lines, function_checks,
+                              target=target, target_checks=target_checks)
         except FunctionConfigError as exc:
             found = [str(exc)]
         except Exception as exc:  # a checker's own failure is this file's problem, not the others'

@@ -20,6 +20,8 @@ from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig
 
 TICK_MODES = ("hold", "runner", "chain")
+#: snapshotStorage values: `auto` decides per runtime (scheduler/snapshot_location.py).
+SNAPSHOT_STORAGES = ("auto", "directory", "bookkeeper")
 # The snapshotDeletion* keys mirror the LedgerDeletionWorker's: same defaults, declared there.
 _WORKER = {f.name: f.default for f in fields(DeletionConfig)}
 
@@ -36,18 +38,18 @@ class WriterConfig:
         'schedulingSubscription', '',
         "Subscription of the direct-intake consumer (Shared, Earliest); default `<tenant>/<namespace>/<name>`, the runtime's default subscription name. When the scheduling topic is also an input it must be the function's subscription (`subName`, or the default).")
     snapshot_storage: str = setting(
-        'snapshotStorage', 'directory',
-        'Where bucket snapshots live: `directory` (embedded, default) or `bookkeeper` (BookKeeper table service).',
-        choices=("directory", "bookkeeper"))
+        'snapshotStorage', 'auto',
+        "Where the bucket index lives. `auto`: where the runtime keeps function state: under Pulsar's runtime (`functions create`) on the BookKeeper table service the instance was given for its state (the worker's `stateStorageServiceUrl`; the writer refuses to start, naming snapshotStorageServiceUrl and snapshotDir, on a worker without one), under `pulsar-lifecycle localrun` in a directory next to its function state (snapshotDir's default); a set snapshotDir or snapshotStorageServiceUrl picks that place instead. `directory`: the directory snapshotDir. `bookkeeper`: the table service at snapshotStorageServiceUrl.",
+        choices=SNAPSHOT_STORAGES)
     snapshot_dir: str = setting(
         'snapshotDir', '',
-        'Directory of the embedded snapshot store. Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; anywhere else it must be set (or use `bookkeeper`).')
+        'Directory of the snapshot store (with `directory`, or `auto` when set). Under `pulsar-lifecycle localrun` the default is `<--data-dir>/buckets/<tenant>_<namespace>_<name>` (`-instance-<i>` appended for instances after the first), next to the function state; under Pulsar\'s runtime there is none (a worker\'s working directory is neither durable nor kept when the instance moves): an absolute path every instance reaches, on durable storage.')
     replace_index_id: str = setting(
         'replaceIndexId', '',
         "Set only when the writer refuses to start because its bucket index is missing or not the one its dedup state follows, and that index is lost for good: the id the error names. The writer then starts a new index (the lost index's pending messages are gone); a stale value is harmless.")
     snapshot_storage_service_url: str = setting(
         'snapshotStorageServiceUrl', '',
-        '`bk://host:4181` of the table service when snapshotStorage is `bookkeeper`.')
+        '`bk://host:4181` of the BookKeeper table service keeping the index: required with `bookkeeper`; with `auto` it replaces the function state\'s table service.')
     allowed_target_prefix: str = setting(
         'allowedTargetPrefix', '',
         'Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused.')
@@ -130,8 +132,14 @@ class WriterConfig:
 
     def __post_init__(self) -> None:
         check_settings(self)
-        if self.snapshot_storage == "bookkeeper" and not self.snapshot_storage_service_url.startswith("bk://"):
+        url = self.snapshot_storage_service_url
+        if self.snapshot_storage == "bookkeeper" and not url.startswith("bk://"):
             raise ConfigError("userConfig snapshotStorage=bookkeeper needs snapshotStorageServiceUrl bk://host:port")
+        if self.snapshot_storage == "auto" and url and not url.startswith("bk://"):
+            raise ConfigError(f"userConfig snapshotStorageServiceUrl must be bk://host:port, got {url!r}")
+        if self.snapshot_storage == "auto" and url and self.snapshot_dir:
+            raise ConfigError("userConfig snapshotDir and snapshotStorageServiceUrl are both set: set snapshotStorage "
+                              "to directory or bookkeeper to say which one keeps the bucket index")
 
     @classmethod
     def from_user_config(cls, user_config: Optional[Mapping[str, Any]], topic: str = "",

@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple, Union
 
 from ..bucket import BucketIndex
@@ -25,41 +24,30 @@ from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
+from .intake_gaps import GapClassifier, intake_gaps_for
 from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
+from .snapshot_location import BOOKKEEPER, default_snapshot_dir, snapshot_location
 from .wake import wake_after_failure
 
 log = logging.getLogger(__name__)
 
-
-def default_snapshot_dir(context: Any, per_instance: bool = True) -> Path:
-    """`<--data-dir>/buckets/<tenant>_<namespace>_<name>[-instance-<i>]` under the local runner.
-
-    `per_instance=False` (a partitioned scheduling topic): the one directory every instance
-    shares, holding one sub-directory per partition.
-    Anywhere else (Pulsar's own runtime) there is no default: a worker's working directory is
-    neither durable nor the same after a reschedule, so snapshotDir must be explicit.
-    """
-    data_dir = getattr(context, "data_dir", None)
-    if not data_dir:
-        raise ValueError("userConfig snapshotDir is required with snapshotStorage=directory outside "
-                         "`pulsar-lifecycle localrun` (or use snapshotStorage=bookkeeper)")
-    table = f"{context.get_function_tenant()}_{context.get_function_namespace()}_{context.get_function_name()}".replace("-", "_")
-    instance = int(context.get_instance_id()) if per_instance else 0
-    # Instance 0 keeps the name earlier versions used (`.pulsar-lifecycle/buckets/<table>` = the default data dir).
-    return Path(data_dir) / "buckets" / (table if instance == 0 else f"{table}-instance-{instance}")
+__all__ = ["build_service", "default_snapshot_dir", "open_partition_snapshot_storage", "open_writer_snapshot_storage",
+           "state_location"]
 
 
 def open_writer_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> BucketSnapshotStorage:
     """The configured BucketSnapshotStorage backend; handles to close later go to `resources`."""
-    if cfg.snapshot_storage == "bookkeeper":
-        return bookkeeper_snapshot_storage(cfg.snapshot_storage_service_url, context.get_function_tenant(),
+    where = snapshot_location(cfg, context)
+    log.info("event=bucket_index_location %s", where.describe())
+    if where.storage == BOOKKEEPER:
+        return bookkeeper_snapshot_storage(where.url, context.get_function_tenant(),
                                            context.get_function_namespace(), context.get_function_name())
-    path = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context)
-    resources.append(lock_exclusively(path))
-    return DirectorySnapshotStorage(path)
+    assert where.path is not None
+    resources.append(lock_exclusively(where.path))
+    return DirectorySnapshotStorage(where.path)
 
 
 def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: int,
@@ -70,14 +58,16 @@ def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: 
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     owner = f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}"
     ttl_ms = cfg.partition_lease_seconds * 1000
+    where = snapshot_location(cfg, context, per_instance=False)
+    log.info("event=bucket_index_location partition=%d %s", partition, where.describe())
     leases: Any
-    if cfg.snapshot_storage == "bookkeeper":
+    if where.storage == BOOKKEEPER:
         inner, leases, lease = bookkeeper_partition_storage(
-            cfg.snapshot_storage_service_url, context.get_function_tenant(), context.get_function_namespace(),
+            where.url, context.get_function_tenant(), context.get_function_namespace(),
             context.get_function_name(), partition_label(partition), owner, ttl_ms)
     else:
-        base = Path(cfg.snapshot_dir) if cfg.snapshot_dir else default_snapshot_dir(context, per_instance=False)
-        root = base / partition_label(partition)
+        assert where.path is not None
+        root = where.path / partition_label(partition)
         leases = DirectoryLease(root)
         try:
             lease = leases.acquire(owner, ttl_ms)
@@ -168,8 +158,9 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         publisher = DedupPublisher(client, names.producer_name, dedup_state)
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
-        check_index_identity(storage, dedup_state, state_location=state_location(context, names.state_prefix),
-                             published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
+        identity = check_index_identity(storage, dedup_state,
+                                        state_location=state_location(context, names.state_prefix),
+                                        published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         source_factory = None
         runtime_input = None
         if names.direct:
@@ -179,7 +170,12 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
                 max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
             # The scheduling topic as an input only starts the writer: the service closes it (runtime_input.py).
             runtime_input = RuntimeInput.of_input(context, names.topic)
-            source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
+            # What a dead consumer holds is read only while no other instance shares the subscription
+            # (intake_gaps.py): another instance's share would look the same.
+            sole_consumer = bool(cfg.scheduling_topic_partitions) or num_instances(context) <= 1
+            rules = GapClassifier(sub.max_delay_ms, sub.allowed_target_prefixes)
+            source_factory = lambda: SchedulingConsumer(client, sub, gaps=intake_gaps_for(  # noqa: E731 - opened after recovery
+                client, names.topic, engine, dedup_state, identity.index_id, rules, sole_consumer))
         sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",

@@ -41,8 +41,8 @@ from .intake import Cancel, Invalid
 
 log = logging.getLogger(__name__)
 # Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
-# batch was not acked and is redelivered. Pulsar exports the count as
-# pulsar_function_user_metric__count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
+# batch was not acked and is redelivered. Pulsar's Python instance exports the count as
+# pulsar_function_user_metric_count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
 PERSIST_FAILURES_METRIC = "pulsar_lifecycle_scheduler_persist_failures"
 
 

@@ -121,7 +121,10 @@ def read_dedup(state: Optional[StateStore], prefix: str, producer: str, topic: s
 
 def _open_store(cfg: WriterConfig, ident: _Identity, label: Optional[str], store_override: Optional[str],
                 partitioned: bool) -> BucketSnapshotStorage:
-    if cfg.snapshot_storage == "bookkeeper" and not store_override:
+    # `auto` with snapshotStorageServiceUrl is that table service too (scheduler/snapshot_location.py).
+    on_table_service = cfg.snapshot_storage == "bookkeeper" or (
+        cfg.snapshot_storage == "auto" and bool(cfg.snapshot_storage_service_url) and not cfg.snapshot_dir)
+    if on_table_service and not store_override:
         return bookkeeper_snapshot_reader(cfg.snapshot_storage_service_url, ident.tenant, ident.namespace,
                                           ident.name, label)
     if store_override:
