@@ -3,7 +3,8 @@
 `broker` and `fresh_broker` are parametrized over the broker kinds of this run: `lite`
 (pulsar-lite, the embedded broker) and `pulsar` (a real Apache Pulsar standalone resolved from
 Maven Central: runtime/pulsar_standalone.py). `TEST_BROKERS=lite` (or `pulsar`) narrows a run;
-CI runs both. A test that cannot run on one kind says why with
+CI runs both (real Pulsar on PULSAR_SUITE and every crash test; TEST_PULSAR_ALL=1 on everything).
+A test that cannot run on one kind says why with
 `@pytest.mark.lite_only("reason")` or `@pytest.mark.pulsar_only("reason")`; the parameter is then
 skipped with that reason. `pulsar_factory` starts standalones of a test's own (other trackers,
 broker de-duplication, restarts) and stops them when the test ends.
@@ -37,10 +38,35 @@ def kind_of(broker: Any) -> str:
     return "pulsar" if isinstance(broker, PulsarStandalone) else "lite"
 
 
+# The integration modules that also run on real Pulsar in the default run: every function's
+# end-to-end tests, the de-duplication, state and deletion proofs and the pulsar-lite workaround
+# evidence. Every crash test runs on both. The other integration modules (CLI argument handling,
+# console output, `up`, `inspect`, `delayed`, export, benchmark smoke runs) exercise the same
+# client paths on pulsar-lite only, so that the suite stays under 30 minutes on 2 cores;
+# TEST_PULSAR_ALL=1 runs them on real Pulsar too.
+PULSAR_SUITE = frozenset({
+    "test_broker_quirks", "test_bucket_writer", "test_bucket_writer_clock", "test_dedup_publisher",
+    "test_delay_level_function", "test_delay_level_syncer", "test_deletion_cli", "test_deletion_real_pulsar",
+    "test_deletion_worker", "test_demo", "test_deploy_example", "test_index_identity", "test_localrun",
+    "test_snapshot_two_phase_deletion", "test_table_service_real_pulsar", "test_writer_paced_start",
+    "test_writer_partitions", "test_writer_wake",
+})
+
+
+def _kinds_for(metafunc: pytest.Metafunc) -> List[str]:
+    kinds = broker_kinds()
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    in_suite = (module in PULSAR_SUITE or "crash" in metafunc.module.__name__.split(".")
+                or metafunc.definition.get_closest_marker("pulsar_only") is not None)
+    if "pulsar" in kinds and not in_suite and not os.environ.get("TEST_PULSAR_ALL"):
+        kinds = [k for k in kinds if k != "pulsar"]
+    return kinds
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name in ("broker", "fresh_broker"):
         if name in metafunc.fixturenames:
-            metafunc.parametrize(name, broker_kinds(), indirect=True)
+            metafunc.parametrize(name, _kinds_for(metafunc), indirect=True)
 
 
 def _skip_unless_runs_on(request: pytest.FixtureRequest, kind: str) -> None:
