@@ -36,6 +36,7 @@ OVERLAP = "overlap"  # two buckets' ledger ranges overlap
 MISSING_SNAPSHOT = "missing_snapshot"  # listed in the manifest, absent from the store
 DUPLICATE = "duplicate"  # a position indexed twice
 MISSING = "missing"  # (--against) a source message in no snapshot, not cancelled, not released
+NOT_IN_EXPORT = "not_in_export"  # (--against, seeded or --frozen store) an indexed message the export lacks
 
 
 @dataclass

@@ -72,6 +72,13 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
                     client.close()
     except SparkJobError as exc:
         raise click.ClickException(str(exc)) from exc
+    except Exception as exc:
+        import pulsar  # the client raises its own exception types, which name no broker
+
+        if not isinstance(exc, pulsar.PulsarException):
+            raise
+        raise click.ClickException(f"broker {service_url} (topic {', '.join(topics)}, subscription {subscription}): "
+                                   f"{type(exc).__name__}: {' '.join(str(exc).split())}") from exc
     click.echo(f"exported {report.rows_written:,} messages in {report.files_written} new files to {out_dir} "
                f"({report.files_before} files were there; {report.redelivered_skipped} already exported) "
                f"in {report.seconds:.1f} s")

@@ -39,6 +39,7 @@ from .orphans_listing import list_bookies
 from .orphans_model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
 from .orphans_sources import BookieListing
 from .orphans_state import ScanRecord, ScanStateDir, new_scan_id, record_dict
+from .paths import file_url
 
 log = logging.getLogger(__name__)
 
@@ -194,7 +195,7 @@ def _scan(spark: SparkSession, config: AuditConfig, state: ScanStateDir, scan_id
         counts = count_statuses(classified, n_listed)
         orphans_df = classified.filter(classified.status == STATUS_ORPHAN)
         prog.phase("write scan state")
-        staging = str(state.staging_path(scan_id))
+        staging = file_url(state.staging_path(scan_id))  # the driver's directory, whatever the executors' is
         write_candidates(orphans_df, staging)
         written = spark.read.parquet(staging).count()
         if written != counts[STATUS_ORPHAN]:
@@ -204,7 +205,7 @@ def _scan(spark: SparkSession, config: AuditConfig, state: ScanStateDir, scan_id
         sources = [type(s).__name__ for s in config.listings] + [f"file:{p}" for p in config.listing_files] + \
             [s.source for s in sets] + [f"in-use-file:{p}" for p in config.in_use_files]
         record = ScanRecord(scan_id, started, config.clock_ms(), counts[STATUS_ORPHAN], counts, files, sources)
-        current = spark.read.parquet(str(state.candidates_path(scan_id)))
+        current = spark.read.parquet(file_url(state.candidates_path(scan_id)))
         sample = collect_sample(current, config.sample)
         # 4. confirmation against an older committed scan (looked up before committing this one).
         prog.phase("confirm")
@@ -214,7 +215,7 @@ def _scan(spark: SparkSession, config: AuditConfig, state: ScanStateDir, scan_id
         conf_rows: List[Dict[str, Any]] = []
         n_conf = 0
         if prev is not None and counts[STATUS_ORPHAN]:
-            previous = spark.read.parquet(str(state.candidates_path(prev.scan_id)))
+            previous = spark.read.parquet(file_url(state.candidates_path(prev.scan_id)))
             conf = confirmed(current, previous).select(*CANDIDATE_COLUMNS)
             conf_rows = [r.asDict() for r in conf.orderBy("id_space", "ledger_id", "store").collect()] \
                 if append is not None else collect_sample(conf, config.sample)

@@ -104,7 +104,7 @@ def _text_summary(report: Dict[str, Any], state_dir: str) -> List[str]:
 @click.option("--quiet", is_flag=True, help="No progress display.")
 @_deletion_options
 @delay_options
-def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple[str, ...],
+def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...], s3_bucket: Tuple[str, ...],
             s3_endpoint_url: Optional[str], s3_region: Optional[str], offload_dir: Tuple[str, ...],
             snapshot_dir: Tuple[str, ...], listed: Tuple[str, ...], admin_url: Tuple[str, ...],
             admin_token: Optional[str], tenants: Tuple[str, ...], in_use_files: Tuple[str, ...],
@@ -133,6 +133,7 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
         SnapshotStoreListing,
     )
     from .orphans_state import ScanStateDir, ScanStateError
+    from .paths import resolve
 
     if not (bookie_url or s3_bucket or offload_dir or snapshot_dir or listed):
         raise click.UsageError("nothing to list: give --bookie-url, --s3-bucket, --offload-dir, --snapshot-dir or --listed")
@@ -142,6 +143,15 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
         raise click.UsageError("--enqueue needs --service-url (the broker of the deletion topic)")
     if in_use_covers and not in_use_files:
         raise click.UsageError("--in-use-covers applies to --in-use lists")
+    # Every path absolute here, on the driver: executors write the candidates under --state-dir
+    # and read the exported lists, each from a working directory of its own.
+    state_path, listed_paths, in_use_paths = resolve(state_dir), [resolve(p) for p in listed], \
+        [resolve(p) for p in in_use_files]
+    offload_dir = tuple(str(resolve(d).local or d) for d in offload_dir)
+    snapshot_dir = tuple(str(resolve(d).local or d) for d in snapshot_dir)
+    state_dir = str(state_path.local or state_dir)
+    listed = tuple(str(p.local or p.given) for p in listed_paths)
+    in_use_files = tuple(str(p.local or p.given) for p in in_use_paths)
     limiter = RateLimiter(max_admin_rps)
     listings: List[Any] = [BookieListing(bookie_url)] if bookie_url else []
     if s3_bucket:
@@ -153,29 +163,34 @@ def orphans(master: Optional[str], bookie_url: Tuple[str, ...], s3_bucket: Tuple
 
     def job() -> Dict[str, Any]:
         from .orphans_audit import AuditConfig, run_audit
+        from .paths import require_reachable
         from .progress import JobProgress
-        from .session import get_spark
+        from .session import DEFAULT_MASTER, spark_session
 
         config = AuditConfig(listings, listed, in_use, in_use_files, default_export_coverage(in_use_covers or None),
                              older_than, confirm_after, sample)
-        state = ScanStateDir(Path(state_dir))
-        spark = get_spark(master, "pulsar-lifecycle orphans")
-        service = client = None
-        if enqueue:
-            from ..deletion.cli import build_service
+        shared = [("--state-dir", state_path)] + [("--listed", p) for p in listed_paths] + \
+            [("--in-use", p) for p in in_use_paths]  # the executors write or read these
+        require_reachable(master or DEFAULT_MASTER, shared, shared_fs)  # before Spark starts
+        with spark_session(master, "pulsar-lifecycle orphans") as spark:
+            require_reachable(spark.sparkContext.master, shared, shared_fs)  # spark-defaults may name the master
+            state = ScanStateDir(Path(state_dir))
+            service = client = None
+            if enqueue:
+                from ..deletion.cli import build_service
 
-            service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
-        try:
-            with JobProgress(spark, "orphan audit", enabled=not quiet) as prog:
-                report = run_audit(spark, config, state, service.append if service is not None else None, prog)
-            out = report.as_dict()
-            out["timings"] = prog.summary()
-            return out
-        finally:
-            if service is not None:
-                service.close()
-            if client is not None:
-                client.close()
+                service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
+            try:
+                with JobProgress(spark, "orphan audit", enabled=not quiet) as prog:
+                    report = run_audit(spark, config, state, service.append if service is not None else None, prog)
+                out = report.as_dict()
+                out["timings"] = prog.summary()
+                return out
+            finally:
+                if service is not None:
+                    service.close()
+                if client is not None:
+                    client.close()
 
     from .cli import run_job
 

@@ -18,6 +18,7 @@ from pyspark.sql import types as T
 
 from ..topics import DOMAINS
 from .errors import SparkJobError
+from .failures import spark_step
 from .orphans_model import (
     ADMIN_COMPONENTS,
     ANY_NAMESPACE,
@@ -34,6 +35,7 @@ from .orphans_model import (
     STATUSES,
     Coverage,
 )
+from .paths import file_url
 
 LISTING_SCHEMA = T.StructType([
     T.StructField("store", T.StringType(), False),
@@ -83,14 +85,13 @@ def _read_any(spark: SparkSession, path: str, what: str) -> DataFrame:
             raise SparkJobError(f"{what} {path} holds no data files")
         probe = names[0]
     lower = probe.lower()
-    try:
+    url = file_url(path)  # checked here on the driver's disk: the same file for every executor
+    with spark_step(f"cannot read {what} {path}"):
         if lower.endswith((".csv", ".csv.gz")):
-            return spark.read.option("header", "true").option("mode", "FAILFAST").csv(path)
+            return spark.read.option("header", "true").option("mode", "FAILFAST").csv(url)
         if lower.endswith((".json", ".jsonl", ".ndjson", ".json.gz")):
-            return spark.read.option("mode", "FAILFAST").json(path)
-        return spark.read.parquet(path)
-    except Exception as exc:  # AnalysisException and friends
-        raise SparkJobError(f"cannot read {what} {path}: {exc}") from exc
+            return spark.read.option("mode", "FAILFAST").json(url)
+        return spark.read.parquet(url)
 
 
 def _require(df: DataFrame, column: str, what: str, path: str) -> None:

@@ -28,9 +28,11 @@ from typing import Any, Iterator, List, Tuple
 from pyspark.sql import DataFrame, SparkSession  # this module runs only under Spark
 from pyspark.sql import types as T
 
+from .failures import cause_of
 from .orphans_job import LISTING_SCHEMA
 from .orphans_model import ListingError
 from .orphans_sources import BookieListing
+from .paths import file_url
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +72,7 @@ def list_bookies(spark: SparkSession, listing: BookieListing, out_dir: Path, tas
                       for b in range(first, min(first + tasks * pages_per_task, listing.max_pages + 1), pages_per_task)]
             rdd = sc.parallelize(blocks, len(blocks)).mapPartitions(
                 lambda it, _l=listing: _fetch_blocks(_l, it))  # type: ignore[misc]  # mypy cannot type a lambda default
-            part = str(out_dir / f"round-{rounds:06d}")
+            part = file_url(out_dir / f"round-{rounds:06d}")  # the driver's directory, whatever the executors' is
             # One pass over the pages: rows and end markers are written together, then read back.
             spark.createDataFrame(rdd.map(lambda kv: (kv[0], kv[1] if kv[0] == 0 else None, kv[1] if kv[0] == 1 else None)),
                                   ROUND_SCHEMA).write.parquet(part)
@@ -83,12 +85,11 @@ def list_bookies(spark: SparkSession, listing: BookieListing, out_dir: Path, tas
     except ListingError:
         raise
     except Exception as exc:  # a task's ListingError arrives wrapped by Py4J / PythonException
-        lines = str(exc).splitlines()
-        reason = next((line.split("ListingError: ", 1)[1] for line in lines if "ListingError: " in line),
-                      lines[0] if lines else type(exc).__name__)
+        reason = cause_of(exc)
+        reason = reason.split("ListingError: ", 1)[1] if reason.startswith("ListingError: ") else reason
         raise ListingError(f"bookie listing on the executors failed: {reason}") from exc
     rows = spark.read.parquet(*parts).where("kind = 0").select("row.*").dropDuplicates(["ledger_id"])
-    listing_dir = str(out_dir / "listing")
+    listing_dir = file_url(out_dir / "listing")
     rows.write.parquet(listing_dir)
     df = spark.read.schema(LISTING_SCHEMA).parquet(listing_dir)
     n = df.count()

@@ -7,8 +7,14 @@ collect the cancel requests (few) into tombstones, reserve one bucket id per pla
 Executors (repartition by a placement key + mapInArrow: the rows reach Python as Arrow batches, no
 sort in the JVM; each task holds the buckets placed on its partition, normally one): classify,
 order, cut and write each bucket through the storage interface (seeding.py). Driver again: the
-manifest from the executors' small per-bucket results, written last and atomically: until then
-a writer would see an empty store and delete the new snapshots as orphans.
+output check (every snapshot the manifest will list is in the store as the driver sees it, has
+the length and segment count its task reported, and its segments decode to the reported item
+count), then the manifest from the executors' small per-bucket results, written last and
+atomically: until then a writer would see an empty store and delete the new snapshots as
+orphans, so a seed that fails its check leaves no store a writer would trust.
+
+Every path is resolved on the driver first (paths.py): executors get absolute URLs, and a local
+path the executors of a remote master cannot reach is refused before any work.
 """
 from __future__ import annotations
 
@@ -21,17 +27,19 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ..bucket.bitmap import LedgerBitmaps
-from ..bucket.codec import Manifest, ReleaseCursor, parse
+from ..bucket.codec import CorruptRecordError, Manifest, ReleaseCursor, SnapshotMetadata, parse, parse_segment
 from ..bucket.config import BucketConfig
 from ..bucket.manifest import bucket_ref, manifest_from_maps
 from ..bucket.sealing import plan_ledger_buckets, seal_threshold
-from ..bucket.storage import BucketSnapshotStorage
+from ..bucket.storage import BucketSnapshotStorage, SnapshotNotFoundError, StorageError
 from ..clock import Clock, wall_clock_ms
 from ..scheduler.index_identity import seq_base_for_new_index
 from ..scheduler.intake import Cancel
 from ..scheduling_protocol import CANCEL_PROP
 from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
 from .errors import SparkJobError
+from .failures import spark_step
+from .paths import STORE_HINT, JobPath, require_reachable, resolve, resolve_all, resolve_store
 from .progress import JobProgress
 from .seed_direct import (
     MAX_READ_AMPLIFICATION,
@@ -45,7 +53,7 @@ from .seed_direct import (
     row_groups,
 )
 from .seeding import build_bucket, tombstones_of, write_bucket
-from .store import exclusive, open_store
+from .store import exclusive, open_store, store_dir
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +63,8 @@ RESULT_DDL = ("bucket_no int, bucket_id long, bucket_key string, start_ledger lo
               "rows long, duplicates long, cancelled long, cancels long, invalid long, invalid_examples string")
 MAX_CANCELS_ON_DRIVER = 5_000_000
 MAX_PARTITIONS = 2000  # more buckets than this share partitions (balanced by rows)
+SEGMENTS_PER_READ = 256  # the output check reads a snapshot's segments in slices of this many
+MAX_NAMED = 10  # output-check problems named in the error
 AVRO_FORMAT = "org.apache.spark.sql.avro.AvroFileFormat"  # built into Spark 4 without the spark-avro module
 
 
@@ -87,18 +97,22 @@ class SeedReport:
         return json.dumps(asdict(self), indent=2)
 
 
-def read_backlog(spark: Any, inputs: Sequence[str], fmt: str = "parquet") -> Any:
-    """The exported rows as a DataFrame (Parquet, or Avro through Spark's built-in Avro format)."""
+def _names(paths: Sequence[Any]) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
+def read_backlog(spark: Any, inputs: Sequence[Any], fmt: str = "parquet") -> Any:
+    """The exported rows as a DataFrame (Parquet, or Avro through Spark's built-in Avro format);
+    `inputs` are resolved paths (JobPath) or paths/URLs, each resolved here."""
     if not inputs:
         raise SparkJobError("no input files given")
+    urls = [p.url if isinstance(p, JobPath) else resolve(p).url for p in inputs]
     reader = spark.read.format(AVRO_FORMAT if fmt == "avro" else "parquet")
-    try:
-        df = reader.load(list(inputs))
-    except Exception as exc:  # AnalysisException for a missing path, etc.
-        raise SparkJobError(f"cannot read backlog {list(inputs)} as {fmt}: {str(exc).splitlines()[0]}") from exc
+    with spark_step(f"cannot read backlog {_names(urls)} as {fmt}"):  # a missing path, a damaged footer, ...
+        df = reader.load(urls)
     missing = [c for c in ROW_COLUMNS if c not in df.columns]
     if missing:
-        raise SparkJobError(f"backlog {list(inputs)} lacks columns {missing} (export-backlog writes {list(COLUMNS)})")
+        raise SparkJobError(f"backlog {_names(urls)} lacks columns {missing} (export-backlog writes {list(COLUMNS)})")
     return df
 
 
@@ -237,14 +251,21 @@ def partition_keys(spark: Any, partitions: int) -> List[int]:
 
 
 def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, opts: ClassifyOptions, *,
-             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress, direct: bool = True) -> SeedReport:
+             fmt: str = "parquet", max_buckets: int = 0, progress: JobProgress, direct: bool = True,
+             shared_fs: bool = False) -> SeedReport:
     """Seed the (empty) store at `url` from backlog files; returns the report. `max_buckets` > 0
     lowers the bucket-count limit below config.delayed_delivery_max_num_buckets. `direct`:
-    let executors read their row groups when that pays (seed_direct.py); else Spark shuffles."""
-    from pyspark.sql import functions as F  # optional dependency: only this job needs it
-
+    let executors read their row groups when that pays (seed_direct.py); else Spark shuffles.
+    Paths are resolved here, on the driver; `shared_fs`: local paths are on a filesystem every
+    executor of a remote master mounts at the same path (paths.require_reachable)."""
+    paths = resolve_all(inputs)
+    store = resolve_store(url)
+    master = spark.sparkContext.master
+    require_reachable(master, [("backlog", p) for p in paths], shared_fs)
+    require_reachable(master, [("--store", store)], shared_fs, hint=STORE_HINT)
+    url = store.url
     t0 = time.monotonic()
-    report = SeedReport(store=url, inputs=list(inputs))
+    report = SeedReport(store=url, inputs=[p.url for p in paths])
     limit = config.delayed_delivery_max_num_buckets
     if max_buckets > 0:
         limit = max_buckets if limit == -1 else min(limit, max_buckets)
@@ -253,21 +274,20 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
         try:
             check_empty(storage, url)
             progress.phase("plan buckets")
-            df = read_backlog(spark, inputs, fmt)
-            groups = row_groups(inputs) if direct and fmt == "parquet" else None
-            if groups is not None:  # the direct path's planning scan: pyarrow in the executors
-                per_ledger = _count_row_groups(spark, groups)
-            else:  # one scan: rows per ledger and how many are cancel requests
-                is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
-                per_ledger = [(int(r["ledger_id"]), int(r["n"]), int(r["c"] or 0)) for r in
-                              df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()]
+            df = read_backlog(spark, paths, fmt)
+            groups = None
+            if direct and fmt == "parquet" and all(p.local is not None for p in paths):
+                groups = row_groups([str(p.local) for p in paths])
+            with spark_step(f"cannot count the rows of backlog {_names(report.inputs)}"):
+                per_ledger = _count_rows(spark, df, groups)
             counts = [(ledger, n) for ledger, n, _ in per_ledger]
             n_cancels = sum(c for _, _, c in per_ledger)
             plan = plan_ledger_buckets(counts, config.delayed_delivery_min_index_count_per_bucket, limit)
             report.planned_threshold = seal_threshold(sum(c for _, c in counts),
                                                       config.delayed_delivery_min_index_count_per_bucket, limit)
             progress.phase("cancel requests")
-            tomb = _tombstones(df, opts, report) if n_cancels else LedgerBitmaps()
+            with spark_step(f"cannot read the cancel requests of backlog {_names(report.inputs)}"):
+                tomb = _tombstones(df, opts, report) if n_cancels else LedgerBitmaps()
             if not plan:
                 report.index_id = _claim_index(storage)
                 storage.put_manifest(manifest_from_maps([], seen={}, tombstones=tomb.to_proto_map(), journal_cut=0,
@@ -278,13 +298,14 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             progress.phase("build and write buckets")
             progress.expect_rows(sum(c for _, c in counts))
             tasks = _direct_tasks(spark, groups, plan, report) if groups is not None else None
-            if tasks is not None:
-                results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
-                                 .flatMap(bind_tasks(seed_direct_task, url, first, config, opts, tomb.to_proto_map()))
-                                 .collect(), key=lambda r: r["bucket_no"])
-            else:
-                results = _shuffle_seed(spark, df, url, first, config, opts, tomb, plan, counts)
-            progress.phase("manifest")
+            with spark_step(f"cannot build and write the buckets of {url} from backlog {_names(report.inputs)}"):
+                if tasks is not None:
+                    results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
+                                     .flatMap(bind_tasks(seed_direct_task, url, first, config, opts,
+                                                         tomb.to_proto_map()))
+                                     .collect(), key=lambda r: r["bucket_no"])
+                else:
+                    results = _shuffle_seed(spark, df, url, first, config, opts, tomb, plan, counts)
             refs, seen = [], {}
             for r in results:
                 report.rows += r["rows"]
@@ -300,6 +321,9 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
                 report.items += r["index_count"]
                 report.segments += r["segments"]
             progress.rows(report.rows)
+            progress.phase("check output")
+            check_output(spark, storage, url, [r for r in results if r["index_count"]])
+            progress.phase("manifest")
             report.index_id = _claim_index(storage)
             storage.put_manifest(manifest_from_maps(refs, seen=seen, tombstones=tomb.to_proto_map(), journal_cut=0,
                                                     max_bucket_id=first + len(plan) - 1, pending_delete=()))
@@ -313,6 +337,91 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
     log.info("event=seed_done store=%s rows=%d items=%d buckets=%d segments=%d seconds=%.1f",
              url, report.rows, report.items, report.buckets, report.segments, report.seconds)
     return report
+
+
+def _count_rows(spark: Any, df: Any, groups: Optional[Sequence[RowGroup]]) -> List[Tuple[int, int, int]]:
+    """(ledger id, rows, cancel requests) per ledger: the direct path's planning scan (pyarrow in
+    the executors) when `groups` are known, else one Spark aggregation."""
+    from pyspark.sql import functions as F  # optional dependency: only this job needs it
+
+    if groups is not None:
+        return _count_row_groups(spark, groups)
+    is_cancel = F.col("properties").getItem(CANCEL_PROP).isNotNull().cast("long")
+    return [(int(r["ledger_id"]), int(r["n"]), int(r["c"] or 0)) for r in
+            df.groupBy("ledger_id").agg(F.count("*").alias("n"), F.sum(is_cancel).alias("c")).collect()]
+
+
+def snapshot_file(url: str, bucket_id: int) -> str:
+    """How to name a snapshot in a message: its file in a directory store (bucket/storage/directory.py
+    layout), else the bucket id in the store."""
+    directory = store_dir(url)
+    if directory is not None:
+        return str(directory / "snapshots" / f"{bucket_id:020d}.snap")
+    return f"bucket {bucket_id} of {url}"
+
+
+def snapshot_counts(url: str, bucket_id: int) -> Dict[str, Any]:
+    """Executor side of the output check: what snapshot `bucket_id` holds (length, segments, items
+    decoded from every segment, first and last release-key timestamp) or why it cannot be read."""
+    out: Dict[str, Any] = {"bucket_id": bucket_id, "error": ""}
+    storage = open_store(url)
+    try:
+        meta = parse(SnapshotMetadata, storage.get_metadata(bucket_id), f"bucket {bucket_id} metadata")
+        n = len(meta.metadata_list)
+        items = 0
+        for a in range(1, n + 1, SEGMENTS_PER_READ):
+            b = min(n, a + SEGMENTS_PER_READ - 1)
+            for k, data in enumerate(storage.get_segments(bucket_id, a, b), start=a):
+                items += len(parse_segment(data, f"bucket {bucket_id} segment {k}").indexes)
+        out.update(length=storage.get_length(bucket_id), segments=n, items=items,
+                   min_ts=meta.metadata_list[0].min_schedule_timestamp if n else 0,
+                   max_ts=meta.metadata_list[-1].max_schedule_timestamp if n else 0)
+    except SnapshotNotFoundError:
+        out["error"] = "missing"
+    except (StorageError, CorruptRecordError) as exc:
+        out["error"] = " ".join(str(exc).split())
+    finally:
+        storage.close()
+    return out
+
+
+def check_output(spark: Any, storage: BucketSnapshotStorage, url: str, results: Sequence[Any]) -> None:
+    """Before the manifest: every snapshot the tasks reported exists in the store as the driver
+    sees it (where the manifest goes), and holds the length, segments, items and time range its
+    task reported, its segments decoded on the executors. SparkJobError naming the first
+    problems otherwise (the store then has no manifest: no writer adopts it)."""
+    present = set(storage.list_snapshots(0))
+    problems: List[str] = []
+    for r in results:
+        if r["bucket_id"] not in present:
+            problems.append(f"{snapshot_file(url, r['bucket_id'])} is missing")
+    readable = [r for r in results if r["bucket_id"] in present]
+    found: Dict[int, Dict[str, Any]] = {}
+    if readable:
+        ids = [int(r["bucket_id"]) for r in readable]
+        parts = max(1, min(len(ids), 4 * spark.sparkContext.defaultParallelism))
+        with spark_step(f"cannot read back the snapshots written to {url}"):
+            found = {c["bucket_id"]: c for c in spark.sparkContext.parallelize(ids, parts)
+                     .map(bind_tasks(snapshot_counts, url)).collect()}
+    for r in readable:
+        bid = int(r["bucket_id"])
+        got = found.get(bid, {"error": "not read back"})
+        name = snapshot_file(url, bid)
+        if got["error"]:
+            problems.append(f"{name}: {got['error']}")
+            continue
+        want = {"length": r["snapshot_length"], "segments": r["segments"], "items": r["index_count"],
+                "min_ts": r["min_ts"], "max_ts": r["max_ts"]}
+        diff = [f"{k} {got[k]} (task reported {v})" for k, v in want.items() if got[k] != v]
+        if diff:
+            problems.append(f"{name} holds " + ", ".join(diff))
+    if problems:
+        log.debug("event=seed_output_check_failed store=%s problems=%d", url, len(problems))  # the error says it
+        more = f" and {len(problems) - MAX_NAMED} more" if len(problems) > MAX_NAMED else ""
+        raise SparkJobError(f"seed output check failed for {url}, {len(problems)} of {len(results)} snapshots: "
+                            + "; ".join(problems[:MAX_NAMED]) + more
+                            + "; no manifest was written (a writer sees an empty store); run the seed again")
+    log.info("event=seed_output_checked store=%s snapshots=%d", url, len(results))
 
 
 def _shuffle_seed(spark: Any, df: Any, url: str, first: int, config: BucketConfig, opts: ClassifyOptions,

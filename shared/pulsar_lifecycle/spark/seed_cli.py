@@ -35,14 +35,15 @@ def writer_options(f):  # type: ignore[no-untyped-def]
               help="Always move the rows through Spark's shuffle; by default executors read the Parquet row groups "
                    "of their own ledgers directly when the export is ordered enough (docs/spark.md).")
 def seed(inputs: Tuple[str, ...], store: str, function_config_file: Optional[str], user_config: Optional[str],
-         master: Optional[str], input_format: str, max_buckets: int, report_path: Optional[str],
+         master: Optional[str], shared_fs: bool, input_format: str, max_buckets: int, report_path: Optional[str],
          allow_invalid: bool, quiet: bool, shuffle: bool) -> None:
     """Build a new writer's bucket snapshots from exported backlog files, on Spark.
 
     The store must be new (no manifest, cursor or journal). Buckets cover whole ledgers, cut by
     the writer's own rules; the writer started on the store afterwards releases every message
     on time without replaying the backlog. Rows the writer would refuse are counted and shown
-    (they stay in the export files).
+    (they stay in the export files). Before the manifest is written (last), every snapshot is
+    read back and checked against what its task reported; a failed check exits 1 with no manifest.
 
     \b
     Example:
@@ -52,22 +53,27 @@ def seed(inputs: Tuple[str, ...], store: str, function_config_file: Optional[str
       pulsar-lifecycle spark seed backlog/ --store /data/buckets/writer \\
           --function-config-file function-configs/bucket-snapshot-writer.yaml --report seed.json
     """
+    from .paths import STORE_HINT, require_reachable, resolve_all, resolve_store
     from .progress import JobProgress
     from .seed import run_seed
-    from .session import get_spark
+    from .session import DEFAULT_MASTER, spark_session
     from .settings import writer_settings
+
+    report_file = Path(report_path).absolute() if report_path else None  # this directory, whatever runs later
 
     def job():  # type: ignore[no-untyped-def]
         config, opts = writer_settings(function_config_file, user_config)
-        spark = get_spark(master, "pulsar-lifecycle seed")
-        with JobProgress(spark, "seed", enabled=not quiet) as progress:
-            report = run_seed(spark, list(inputs), store, config, opts, fmt=input_format,
-                              max_buckets=max_buckets, progress=progress, direct=not shuffle)
-        return report
+        paths, store_path = resolve_all(inputs), resolve_store(store)
+        require_reachable(master or DEFAULT_MASTER, [("backlog", p) for p in paths], shared_fs)  # before Spark starts
+        require_reachable(master or DEFAULT_MASTER, [("--store", store_path)], shared_fs, hint=STORE_HINT)
+        with spark_session(master, "pulsar-lifecycle seed") as spark, \
+                JobProgress(spark, "seed", enabled=not quiet) as progress:
+            return run_seed(spark, [p.url for p in paths], store_path.url, config, opts, fmt=input_format, max_buckets=max_buckets,
+                            progress=progress, direct=not shuffle, shared_fs=shared_fs)
 
     report = run_job(job)
-    if report_path:
-        Path(report_path).write_text(report.to_json())
+    if report_file is not None:
+        report_file.write_text(report.to_json())
     click.echo(f"seeded {store}: {report.items:,} items in {report.buckets} buckets ({report.segments} segments) "
                f"from {report.rows:,} rows in {report.seconds:.1f} s ({report.rows_per_s:,.0f} rows/s, {report.path} path); "
                f"duplicates {report.duplicates}, cancelled {report.cancelled} "

@@ -2,27 +2,46 @@
 
 Settings come from reference/pyspark-on-this-machine.md: the driver binds to loopback
 (SPARK_LOCAL_IP), Python workers run this interpreter (PYSPARK_PYTHON; otherwise they run
-`python3` from PATH without our packages), no UI, quiet log4j, session time zone UTC. A missing
-or too old Java is one SparkSetupError saying how to fix it, instead of Spark's
-JAVA_GATEWAY_EXITED after a few seconds.
+`python3` from PATH without our packages), no UI, session time zone UTC. A missing or too old
+Java is one SparkSetupError saying how to fix it, instead of Spark's JAVA_GATEWAY_EXITED after a
+few seconds.
+
+Logs: the driver JVM's log4j writes warnings and errors (task failures with their stack traces
+included) to the Spark log file (`spark_log_path`), never to the console; executors of a cluster
+log to their own stderr, which the cluster manager keeps (for `local-cluster`:
+`$SPARK_HOME/work/<app>/<executor>/stderr`).
+
+`local-cluster[N,cores,MB]` (N executor JVMs on this machine, each with its own working
+directory) starts its executors from `$SPARK_HOME`: `bin/`, `jars/` and `python/`, and runs
+them in `$SPARK_HOME/work`. A pip-installed PySpark has the first three inside its package
+directory, so without a SPARK_HOME `get_spark` builds one of symlinks (`spark_home_layout`) in
+the user's cache, and the executors' work directories go there instead of into site-packages.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import warnings
 from importlib import resources
 from pathlib import Path
-from typing import Any, Optional, Tuple
+from typing import Any, Iterator, Optional, Tuple
 
 from .errors import SparkSetupError
+from .failures import cause_of
 
 MIN_JAVA = 17  # PySpark 4 needs Java 17+
 MIN_PYSPARK = (4, 0)
 DEFAULT_MASTER = "local[*]"
+SPARK_LOG_ENV = "PULSAR_LIFECYCLE_SPARK_LOG"
+DEFAULT_SPARK_LOG = Path(".pulsar-lifecycle") / "logs" / "spark.log"
+LOG_PROPERTY = "pulsar_lifecycle.spark_log"  # the driver's log4j config writes to ${sys:<this>}
 _JAVA_HINT = ("install a JDK/JRE 17+ (Debian/Ubuntu: apt-get install -y openjdk-17-jre-headless; "
               "scripts/setup.sh does it) or point JAVA_HOME at one")
 
@@ -76,15 +95,74 @@ def check_pyspark() -> str:
     return pyspark.__version__
 
 
-def log4j_config() -> Path:
-    """The quiet log4j2 config shipped with the package (root at error, Spark's banners off)."""
-    return Path(str(resources.files(__package__).joinpath("log4j2.properties")))
+def log4j_config(name: str = "log4j2.properties") -> Path:
+    """A log4j2 config shipped with the package: `log4j2.properties` (executors: errors on their
+    stderr) or `log4j2-driver.properties` (warnings and errors to the Spark log file only)."""
+    return Path(str(resources.files(__package__).joinpath(name)))
+
+
+def spark_log_path() -> Path:
+    """The driver's Spark log file: $PULSAR_LIFECYCLE_SPARK_LOG, else .pulsar-lifecycle/logs/spark.log
+    under the working directory (the temp directory when that cannot be created); absolute."""
+    configured = os.environ.get(SPARK_LOG_ENV)
+    path = Path(os.path.abspath(configured or DEFAULT_SPARK_LOG))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        if configured:
+            raise SparkSetupError(f"{SPARK_LOG_ENV}={configured}: cannot create {path.parent}") from None
+        path = Path(tempfile.gettempdir()) / "pulsar-lifecycle-spark.log"
+    return path
+
+
+def spark_home_layout(base: Path) -> Path:
+    """A SPARK_HOME for local-cluster masters under `base`: symlinks to the pip-installed
+    PySpark's bin/, jars/ and python/, and a real work/ for the executors (built once, reused)."""
+    import pyspark  # optional dependency: checked by check_pyspark first
+
+    package = Path(pyspark.__file__).resolve().parent
+    base.mkdir(parents=True, exist_ok=True)
+    for name in ("bin", "jars", "python"):
+        link = base / name
+        if not (package / name).exists():
+            raise SparkSetupError(f"PySpark at {package} has no {name}/: local-cluster masters need a Spark "
+                                  "distribution; set SPARK_HOME to one")
+        if link.is_symlink() and Path(os.readlink(link)) == package / name:
+            continue
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(package / name, target_is_directory=True)
+    (base / "work").mkdir(exist_ok=True)
+    return base
+
+
+def _local_cluster_home() -> None:
+    """SPARK_HOME for a local-cluster master: kept when set, else the cached layout of this PySpark."""
+    if os.environ.get("SPARK_HOME"):
+        return
+    import pyspark  # optional dependency: checked by check_pyspark first
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pulsar-lifecycle"
+    os.environ["SPARK_HOME"] = str(spark_home_layout(cache / f"spark-home-{pyspark.__version__}"))
+
+
+def local_cores(master: str) -> Optional[int]:
+    """The executor cores of a master that runs on this machine (`local` 1, `local[N]` N,
+    `local[*]` this machine's CPUs, `local-cluster[N,cores,MB]` N * cores); None for others."""
+    m = re.fullmatch(r"local(?:\[(\d+|\*)(?:,\s*\d+)?\])?", master.strip())
+    if m:
+        return (os.cpu_count() or 1) if m.group(1) == "*" else int(m.group(1) or 1)
+    m = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,\s*\d+\s*\]", master.strip())
+    return int(m.group(1)) * int(m.group(2)) if m else None
 
 
 def get_spark(master: Optional[str] = None, app_name: str = "pulsar-lifecycle", **conf: Any) -> Any:
     """A SparkSession for `master` (default local[*]; any Spark master URL works).
 
     Extra Spark settings go in `conf`, e.g. `get_spark("local[2]", "x", **{"spark.sql.shuffle.partitions": "8"})`.
+    On a master of this machine `spark.sql.shuffle.partitions` defaults to 4 per core instead of
+    Spark's 200 (a cluster's default: here the tasks' overhead made `verify --against` of a
+    small store take minutes on local-cluster[2,1,1024]).
     When a session already exists in this process it is returned (Spark allows one per JVM; its
     memory settings were fixed when it started).
     """
@@ -99,17 +177,42 @@ def get_spark(master: Optional[str] = None, app_name: str = "pulsar-lifecycle", 
     from pyspark.sql import SparkSession  # optional dependency, imported when a job runs
 
     master = master or DEFAULT_MASTER
+    if master.startswith("local-cluster"):
+        _local_cluster_home()
+    # py4j logs every closed connection at INFO; the CLI's log level is for this package.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    driver_opts = " ".join(shlex.quote(o) for o in (f"-Dlog4j2.configurationFile=file:{log4j_config('log4j2-driver.properties')}",
+                                                     f"-D{LOG_PROPERTY}={spark_log_path()}"))
     builder = (SparkSession.builder.master(master).appName(app_name)
                .config("spark.ui.enabled", "false")
                .config("spark.ui.showConsoleProgress", "false")
                .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j_config()}")
+               .config("spark.driver.extraJavaOptions", driver_opts)
                .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{log4j_config()}"))
-    if master.startswith("local"):
+    if master.startswith("local"):  # local-cluster too: its executors reach the driver on loopback
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    cores = local_cores(master)
+    if cores is not None:
+        builder = builder.config("spark.sql.shuffle.partitions", str(4 * cores))
     for key, value in conf.items():
         builder = builder.config(key, str(value))
     try:
         return builder.getOrCreate()
     except Exception as exc:  # py4j/Spark raise assorted types; one clear error for the CLI
-        raise SparkSetupError(f"cannot start Spark (master {master}): {exc}") from exc
+        raise SparkSetupError(f"cannot start Spark (master {master}): {cause_of(exc)}") from exc
+
+
+@contextlib.contextmanager
+def spark_session(master: Optional[str] = None, app_name: str = "pulsar-lifecycle", **conf: Any) -> Iterator[Any]:
+    """get_spark() for one command: the session is stopped at the end when this call started it
+    (a local-cluster's executors are then shut down in order instead of with the process); a
+    session that was already running (a test's, a notebook's) is left running."""
+    from pyspark import SparkContext  # optional dependency, imported when a job runs
+
+    started_here = SparkContext._active_spark_context is None
+    session = get_spark(master, app_name, **conf)
+    try:
+        yield session
+    finally:
+        if started_here:
+            session.stop()

@@ -6,7 +6,9 @@ duplicate ids, overlapping ledger ranges, snapshots outside the manifest. Execut
 bucket each (checks.py). A snapshot that vanished meanwhile (merged or exhausted by a running
 writer) is re-checked against a fresh manifest: gone from it too is fine, still listed is a
 violation. With `against`, every exported message must be indexed exactly once, unless it was
-cancelled or (running writer) already released or still in the journal.
+cancelled or (running writer) already released or still in the journal; and an indexed message
+that is not in the export is a violation for a store as the seeder left it (or one declared
+frozen), a counted warning for a live writer's store (store_kind).
 """
 from __future__ import annotations
 
@@ -41,12 +43,15 @@ from .checks import (
     MANIFEST,
     MISSING,
     MISSING_SNAPSHOT,
+    NOT_IN_EXPORT,
     OVERLAP,
     Violation,
     check_bucket,
     overlapping,
 )
 from .errors import SparkJobError
+from .failures import spark_step
+from .paths import STORE_HINT, require_reachable, resolve_all, resolve_store
 from .progress import JobProgress
 from .seed import ROW_COLUMNS, read_backlog
 from .store import open_store, store_dir
@@ -54,6 +59,11 @@ from .store import open_store, store_dir
 log = logging.getLogger(__name__)
 
 MAX_EXAMPLES = 20
+# What verify --against knows about who wrote the store (store_kind): an indexed message that is
+# not in the export is a violation for the first two, a counted warning for the last.
+SEEDED = "seeded"  # as the seeder left it: no release watermark, no journal record, nothing sealed by a writer
+FROZEN = "frozen"  # declared by the operator (--frozen): nothing was indexed after the export
+LIVE = "live"  # a writer has used it (or holds it): it indexes messages published after the export
 
 
 @dataclass
@@ -99,7 +109,7 @@ class VerifyReport:
             a = self.against
             lines.append(f"against export: {a['expected']:,} messages; found once {a['found']:,}, missing {a['missing']:,}, "
                          f"cancelled {a['cancelled']:,}, released {a['released']:,}, in journal {a['journal']:,}, "
-                         f"indexed but not in the export {a['not_in_export']:,}")
+                         f"indexed but not in the export {a['not_in_export']:,} ({a['store_kind']} store)")
         if self.ok:
             lines.append("OK: no violations")
         else:
@@ -229,9 +239,17 @@ def _journal(storage: BucketSnapshotStorage, url: str, report: VerifyReport) -> 
 
 def run_verify(spark: Any, url: str, config: BucketConfig, *, against: Optional[Sequence[str]] = None,
                opts: Optional[ClassifyOptions] = None, fmt: str = "parquet", allow_overlap: bool = False,
-               progress: JobProgress) -> VerifyReport:
+               progress: JobProgress, frozen: bool = False, shared_fs: bool = False) -> VerifyReport:
     """Verify the store at `url` (read only); `against` = export files every message of which
-    must be indexed exactly once."""
+    must be indexed exactly once. `frozen`: the operator declares that nothing was indexed after
+    the export, so an indexed message outside it is a violation even in a writer's store.
+    Paths are resolved here, on the driver (`shared_fs`: see paths.require_reachable)."""
+    store = resolve_store(url)
+    inputs = resolve_all(against or ())
+    master = spark.sparkContext.master
+    require_reachable(master, [("--store", store)], shared_fs, hint=STORE_HINT)
+    require_reachable(master, [("--against", p) for p in inputs], shared_fs)
+    url = store.url
     t0 = time.monotonic()
     report = VerifyReport(store=url)
     storage = open_store(url)
@@ -262,14 +280,17 @@ def run_verify(spark: Any, url: str, config: BucketConfig, *, against: Optional[
             progress.phase("check buckets")
             parts = max(1, min(len(refs), 4 * spark.sparkContext.defaultParallelism))
             bdf = spark.createDataFrame(rows, "bucket_id long, ref binary, seen binary").repartition(parts)
-            results = bdf.mapInPandas(bind(check_partition, url, config), "bucket_id long, result string").collect()
+            with spark_step(f"cannot check the snapshots of {url}"):
+                results = bdf.mapInPandas(bind(check_partition, url, config), "bucket_id long, result string").collect()
             by_id = {r.bucket_id: r for r in refs}
             for row in sorted(results, key=lambda r: r["bucket_id"]):
                 _collect(report, json.loads(row["result"]), by_id[row["bucket_id"]], storage)
             progress.rows(report.items)
-            if against:
+            if inputs:
                 progress.phase("against export")
-                report.against = _against(spark, url, bdf, against, fmt, opts, watermark, man, storage, report)
+                with spark_step(f"cannot compare {url} with the export {', '.join(p.url for p in inputs)}"):
+                    report.against = _against(spark, url, bdf, [p.url for p in inputs], fmt, opts, watermark, man,
+                                              storage, report, frozen)
     finally:
         storage.close()
     report.seconds = round(time.monotonic() - t0, 3)
@@ -323,14 +344,27 @@ def _collect(report: VerifyReport, res: Dict[str, Any], ref: Any, storage: Bucke
             report.examples.append(v)
 
 
+def store_kind(frozen: bool, watermark: Optional[Tuple[int, int, int]], man: Any, journal_read: bool,
+               journal_records: int) -> str:
+    """FROZEN when declared; SEEDED for a store as the seeder left it (no release watermark, no
+    bucket sealed from a journal: journal_cut 0, and a journal that was read and holds nothing);
+    LIVE otherwise (a writer released, sealed or journaled, or holds the store's lock)."""
+    if frozen:
+        return FROZEN
+    if watermark is None and man.journal_cut == 0 and journal_read and journal_records == 0:
+        return SEEDED
+    return LIVE
+
+
 def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, opts: Optional[ClassifyOptions],
              watermark: Optional[Tuple[int, int, int]], man: Any, storage: BucketSnapshotStorage,
-             report: VerifyReport) -> Dict[str, Any]:
+             report: VerifyReport, frozen: bool = False) -> Dict[str, Any]:
     from pyspark.sql import functions as F  # optional dependency: only this job needs it
 
     if opts is None:
         raise SparkJobError("verify --against needs the writer's intake settings")
-    journal_items, journal_cancels, _ = _journal(storage, url, report)
+    journal_items, journal_cancels, journal_read = _journal(storage, url, report)
+    kind = store_kind(frozen, watermark, man, journal_read, len(journal_items) + len(journal_cancels))
     tomb = LedgerBitmaps.from_proto_map(man.tombstones, "manifest tombstones",
                                       packed=sets_are_packed(man)).union(journal_cancels)
     keys = ["ledger_id", "entry_id"]
@@ -377,8 +411,22 @@ def _against(spark: Any, url: str, bdf: Any, inputs: Sequence[str], fmt: str, op
     if counts["missing"]:
         report.violate(MISSING, 0, f"{counts['missing']} exported messages are in no snapshot, e.g. {', '.join(examples)}",
                        count=counts["missing"])
+    if not_in_export:
+        extra = both.where(is_held & F.coalesce(F.col("item"), F.lit(0)).eqNullSafe(0)).limit(5).collect()
+        named = ", ".join(f"{r['ledger_id']}:{r['entry_id']} (bucket {sorted(r['b'])[0]})" for r in extra)
+        if kind == LIVE:
+            report.warnings.append(f"{not_in_export} indexed messages are not in the export, e.g. {named}: a live "
+                                   "writer's store also holds messages published after the export (--frozen makes "
+                                   "this a violation)")
+        else:
+            first_bucket = int(sorted(extra[0]["b"])[0]) if extra else 0
+            report.violate(NOT_IN_EXPORT, first_bucket,
+                           f"{not_in_export} indexed messages are not in the export, e.g. {named}: the store is "
+                           f"{kind}, so each is corruption or the export is not the store's backlog",
+                           count=not_in_export)
     both.unpersist()
-    return {"expected": expected, "found": found, "not_in_export": not_in_export, "duplicates": ndup, **counts}
+    return {"expected": expected, "found": found, "not_in_export": not_in_export, "duplicates": ndup,
+            "store_kind": kind, **counts}
 
 
 def write_outputs(report: VerifyReport, out_dir: Path) -> Dict[str, Path]:

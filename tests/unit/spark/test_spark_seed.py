@@ -6,9 +6,10 @@ from pathlib import Path
 import pytest
 
 from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DirectorySnapshotStorage
-from pulsar_lifecycle.bucket.codec import Manifest
+from pulsar_lifecycle.bucket.codec import Manifest, SnapshotMetadata
 from pulsar_lifecycle.bucket.records import DelayedMessage
 from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
+from pulsar_lifecycle.bucket.storage import write_whole
 from pulsar_lifecycle.scheduler.intake import Cancel
 from pulsar_lifecycle.scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP
 from pulsar_lifecycle.spark import seed
@@ -228,3 +229,50 @@ def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_expo
     # A row group without statistics cannot be planned.
     pq.write_table(pa.table({"ledger_id": [1, 2]}), tmp_path / "nostats.parquet", write_statistics=False)
     assert sd.row_groups([str(tmp_path / "nostats.parquet")]) is None
+
+
+class _DamageBeforeCheck(JobProgress):
+    """Runs `damage` when the seed reaches its output check (after the tasks wrote, before the
+    manifest): what executors writing somewhere the driver does not look would leave behind."""
+
+    def __init__(self, damage) -> None:
+        super().__init__(None, "t", enabled=False)
+        self._damage = damage
+
+    def phase(self, name: str) -> None:
+        if name == "check output":
+            self._damage()
+        super().phase(name)
+
+
+@pytest.mark.spark
+@pytest.mark.parametrize("damage", ["missing", "short"])
+def test_seed_checks_its_output_before_writing_the_manifest(spark, tmp_path: Path, damage: str) -> None:
+    rows = backlog_rows({l: 40 for l in range(1, 9)}, BASE, 60_000)
+    inputs = write_backlog(tmp_path / "backlog", rows)
+    cfg = BucketConfig(delayed_delivery_min_index_count_per_bucket=80, delayed_delivery_max_num_buckets=8,
+                       delayed_delivery_max_indexes_per_bucket_snapshot_segment=30)
+    snap = tmp_path / "s" / "snapshots" / f"{2:020d}.snap"
+
+    def lose_or_shorten() -> None:
+        if damage == "missing":
+            snap.unlink()
+            return
+        st = DirectorySnapshotStorage(tmp_path / "s")  # bucket 2 rewritten without its last segment
+        meta = SnapshotMetadata.FromString(st.get_metadata(2))
+        segs = st.get_segments(2, 1, len(meta.metadata_list))
+        info = st.snapshot_info(2)
+        del meta.metadata_list[-1]
+        st.delete(2)
+        write_whole(st, meta.SerializeToString(), segs[:-1], info["bucket_key"], info["topic"], info["cursor"],
+                    bucket_id=2)
+
+    want = rf"{snap} is missing" if damage == "missing" else rf"{snap} holds .*items \d+ \(task reported 80\)"
+    with pytest.raises(SparkJobError, match=rf"seed output check failed for file://{tmp_path}/s, 1 of 4 snapshots: "
+                                            rf"{want}.*no manifest was written"):
+        run_seed(spark, inputs, str(tmp_path / "s"), cfg, OPTS, progress=_DamageBeforeCheck(lose_or_shorten))
+    store = DirectorySnapshotStorage(tmp_path / "s")
+    assert store.get_manifest() is None and store.get_index_id() is None  # nothing a writer would adopt
+    # A new run drops the unreferenced snapshots and seeds the store.
+    report = run_seed(spark, inputs, str(tmp_path / "s"), cfg, OPTS, progress=JobProgress(None, "t", enabled=False))
+    assert report.buckets == 4 and report.items == 320

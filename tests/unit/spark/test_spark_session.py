@@ -69,3 +69,11 @@ def test_session_runs_python_workers_from_this_interpreter(spark) -> None:
     exe = spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()
     assert exe == [sys.executable]
     assert spark.range(1000).count() == 1000
+
+
+def test_masters_of_this_machine_get_a_few_shuffle_partitions_per_core() -> None:
+    from pulsar_lifecycle.spark.session import local_cores
+
+    assert [local_cores(m) for m in ("local", "local[2]", "local[3,2]", "local-cluster[2,1,1024]")] == [1, 2, 3, 2]
+    assert local_cores("local[*]") == (os.cpu_count() or 1)
+    assert local_cores("spark://10.0.0.1:7077") is None and local_cores("yarn") is None

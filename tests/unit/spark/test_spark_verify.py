@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from pulsar_lifecycle.bucket import BucketConfig, DirectorySnapshotStorage
-from pulsar_lifecycle.bucket.codec import Manifest, SnapshotMetadata, parse_segment, segment_items
+from pulsar_lifecycle.bucket.codec import Manifest, ReleaseCursor, SnapshotMetadata, parse_segment, segment_items
 from pulsar_lifecycle.bucket.segments import cut_segments, snapshot_metadata
 from pulsar_lifecycle.bucket.storage import write_whole
 from pulsar_lifecycle.cli import main
@@ -68,18 +68,38 @@ def _verify(spark, path: Path, against=None):
 
 
 def test_a_seeded_store_verifies_clean_against_its_export(spark, seeded, tmp_path: Path) -> None:
-    result = CliRunner().invoke(main, ["spark", "verify", "--store", str(seeded[0]), "--against", seeded[1][0],
-                                       "--against", *seeded[1][1:2], "--user-config", USER_CONFIG, "--quiet",
-                                       "--out", str(tmp_path / "out")])
-    # Only two of the export files: the others' messages are "indexed but not in the export".
+    result = CliRunner().invoke(main, ["spark", "verify", "--store", str(seeded[0]), "--against", str(seeded[0].parent / "backlog"),
+                                       "--user-config", USER_CONFIG, "--quiet", "--out", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert report["ok"] and report["against"]["missing"] == 0 and report["against"]["found"] == 600
+    assert report["ok"] and report["against"]["missing"] == 0 and report["against"]["store_kind"] == "seeded"
+    assert report["against"]["found"] == report["against"]["expected"] == report["items"]
+    assert report["against"]["not_in_export"] == 0 and report["against"]["duplicates"] == 0
     assert (tmp_path / "out" / "buckets.png").read_bytes()[:4] == b"\x89PNG"
     assert "OK: no violations" in (tmp_path / "out" / "summary.txt").read_text()
-    full = _verify(spark, seeded[0], against=seeded[1])
-    assert full.ok and full.against["found"] == full.against["expected"] == full.items
-    assert full.against["not_in_export"] == 0 and full.against["duplicates"] == 0
+
+
+def test_indexed_but_not_exported_is_a_violation_for_a_seeded_or_frozen_store(spark, seeded, tmp_path: Path) -> None:
+    # Only two of the export files: the others' messages are "indexed but not in the export".
+    result = CliRunner().invoke(main, ["spark", "verify", "--store", str(seeded[0]), "--against", seeded[1][0],
+                                       "--against", seeded[1][1], "--user-config", USER_CONFIG, "--quiet",
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1, result.output
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    extra = report["items"] - 600
+    assert report["against"]["found"] == 600 and report["against"]["not_in_export"] == extra > 0
+    assert report["violations"] == {checks.NOT_IN_EXPORT: extra} and report["against"]["store_kind"] == "seeded"
+    assert f"VIOLATIONS: not_in_export {extra}" in result.output
+    # A live writer's store (it released something: a watermark) also holds messages published
+    # after the export: the same count is a warning there, unless the store is declared frozen.
+    live = _copy(seeded, tmp_path)
+    DirectorySnapshotStorage(live).put_cursor(ReleaseCursor(has_watermark=True, ts=BASE - 1, ledger_id=1, entry_id=0,
+                                                            seq=7).SerializeToString())
+    warned = _verify(spark, live, against=seeded[1][:2])
+    assert warned.ok and warned.against["store_kind"] == "live" and warned.against["not_in_export"] == extra
+    assert any(w.startswith(f"{extra} indexed messages are not in the export") for w in warned.warnings)
+    frozen = run_verify(spark, str(live), CONFIG, against=seeded[1][:2], opts=OPTS, progress=QUIET, frozen=True)
+    assert frozen.violations == {checks.NOT_IN_EXPORT: extra} and frozen.against["store_kind"] == "frozen"
 
 
 def test_corrupt_bitmap_is_found(spark, seeded, tmp_path: Path) -> None:
