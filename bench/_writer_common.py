@@ -14,11 +14,13 @@ A further reference is an identity function (`Identity` below) run through the s
 runtime: it shows what the runtime's one-message-at-a-time model costs before the writer does
 any work of its own.
 The paced producer of the lateness benchmark is this file run as `paced` (its own process, so its
-Python work does not share a GIL with the consumer that timestamps arrivals).
+Python work does not share a GIL with the consumer that timestamps arrivals); with `--native` it
+also sets Pulsar's own deliver-at on each message (the broker's delayed delivery, for
+bench_vs_pulsar.py).
 
     python bench/_writer_common.py pipe --service-url URL --input T --output T --subscription S
     python bench/_writer_common.py batched-pipe --service-url URL --input T --output T --subscription S
-    python bench/_writer_common.py paced --service-url URL --topic T --rate R --seconds S --start-ms T0 --lead-ms L
+    python bench/_writer_common.py paced --service-url URL --topic T --rate R --seconds S --start-ms T0 --lead-ms L [--native]
 """
 from __future__ import annotations
 
@@ -164,13 +166,15 @@ def start_pipe(service_url: str, topics: Topics, workdir: Path, kind: str = "pip
 
 
 def start_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,
-                payload_bytes: int, workdir: Path) -> subprocess.Popen:
-    """The paced producer (this file's `paced` command) in its own process; lead_ms=0 stamps send time."""
+                payload_bytes: int, workdir: Path, native: bool = False) -> subprocess.Popen:
+    """The paced producer (this file's `paced` command) in its own process; lead_ms=0 stamps send time.
+
+    native=True also sets Pulsar's deliver-at on each message (the broker's delayed delivery)."""
     with open(workdir / "paced.log", "ab") as err:
         return subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "paced", "--service-url", service_url, "--topic", topic,
              "--rate", str(rate), "--seconds", str(seconds), "--start-ms", str(start_ms), "--lead-ms", str(lead_ms),
-             "--payload-bytes", str(payload_bytes)],
+             "--payload-bytes", str(payload_bytes), *(["--native"] if native else [])],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=workdir,
         )
 
@@ -396,11 +400,13 @@ def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subs
 
 
 def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,
-              payload_bytes: int) -> None:
+              payload_bytes: int, native: bool = False) -> None:
     """Send rate*seconds messages; message i is due at start_ms + i/rate s and sent lead_ms before that.
 
     With lead_ms == 0 (the pipe's baseline) the deliver-at property is the actual send time, so the
-    consumer's arrival - deliver-at is the pipe's end-to-end latency.
+    consumer's arrival - deliver-at is the pipe's end-to-end latency. native=True also hands the
+    deliver-at to the broker (pulsar-client's deliver_at: the broker's tracker holds the message;
+    the client sends such messages unbatched, each its own entry, as Pulsar requires).
     """
     client = quiet_client(service_url)
     producer = batching_producer(client, topic)
@@ -413,7 +419,11 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
         now = time.time() * 1000.0
         while i < n and start_ms + i * step - lead_ms <= now:
             at = int(start_ms + i * step) if lead_ms > 0 else now_ms()
-            producer.send_async(payload_of(i, payload_bytes), None, properties={DELIVER_AT_PROP: str(at)})
+            if native:
+                producer.send_async(payload_of(i, payload_bytes), None, properties={DELIVER_AT_PROP: str(at)},
+                                    deliver_at=at)
+            else:
+                producer.send_async(payload_of(i, payload_bytes), None, properties={DELIVER_AT_PROP: str(at)})
             behind_max = max(behind_max, now - (start_ms + i * step - lead_ms))
             i += 1
         time.sleep(0.002)
@@ -441,6 +451,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     q.add_argument("--start-ms", type=int, required=True)
     q.add_argument("--lead-ms", type=int, required=True)
     q.add_argument("--payload-bytes", type=int, default=100)
+    q.add_argument("--native", action="store_true", help="Also set Pulsar's deliver-at (broker delayed delivery).")
     args = ap.parse_args(argv)
     if args.cmd == "pipe":
         run_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
@@ -448,7 +459,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         run_batched_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
     else:
         run_paced(args.service_url, args.topic, args.rate, args.seconds, args.start_ms, args.lead_ms,
-                  args.payload_bytes)
+                  args.payload_bytes, args.native)
 
 
 if __name__ == "__main__":

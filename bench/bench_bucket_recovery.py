@@ -117,6 +117,8 @@ def main() -> None:
               f"+ {built['mutable']} in the journal")
         recs = sorted((run_child("recover", tmp) for _ in range(args.runs)), key=lambda r: r["seconds"])
         rec = recs[len(recs) // 2]
+        if any(r["pending"] != args.n for r in recs):
+            raise SystemExit(f"recovery found {[r['pending'] for r in recs]} pending, not {args.n:,}")
         replay = run_child("replay", str(args.n), str(args.batch))
         print(f"  recovery : first release after {rec['seconds'] * 1000:8.1f} ms (median of {args.runs}; recover() "
               f"{rec['recover_seconds'] * 1000:.1f} ms, the rest is pop_due's durable horizon write); read "

@@ -52,6 +52,7 @@ def dedup(client: pulsar.Client, topic: str, n: int, payload: bytes, state: Path
         pub.publish(topic, payload, seq)
     pub.flush(120)
     dt = time.perf_counter() - t0
+    assert pub.persisted_seq(topic) == n, (pub.persisted_seq(topic), n)
     pub.close()
     return n / dt
 

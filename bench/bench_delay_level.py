@@ -147,6 +147,8 @@ def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, bat
         t.start()
     for t in threads:
         t.join()
+    if done[0] < per_topic * len(topics):
+        raise SystemExit(f"pipe: {done[0]} of {per_topic * len(topics)} forwarded")
     return done[0] / (time.perf_counter() - t0)
 
 

@@ -16,6 +16,7 @@ Timed:
 Rows/s = listed rows / wall seconds. Every path must find the same orphan count.
 
     flock /tmp/pl-heavy.lock python bench/bench_spark_orphans.py [--rows 10000000]
+    python bench/bench_spark_orphans.py --rows 2000 --shuffle-partitions 2 --driver-memory 1g   # CI smoke
 """
 from __future__ import annotations
 
@@ -90,6 +91,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--dir", default=None, help="Work directory (default: a temporary one, removed).")
+    ap.add_argument("--shuffle-partitions", type=int, default=8, help="spark.sql.shuffle.partitions (2 for tiny runs).")
+    ap.add_argument("--driver-memory", default="4g")
     args = ap.parse_args()
     n = args.rows
     root = Path(args.dir or tempfile.mkdtemp(prefix="pl-orphans-bench-"))
@@ -102,8 +105,8 @@ def main() -> None:
         print(f"generated {n:,} listed + {n:,} in-use rows in {time.perf_counter() - t:.1f} s")
 
         t = time.perf_counter()
-        spark = get_spark("local[2]", "bench-orphans", **{"spark.sql.shuffle.partitions": "8",
-                                                          "spark.driver.memory": "4g"})
+        spark = get_spark("local[2]", "bench-orphans", **{"spark.sql.shuffle.partitions": str(args.shuffle_partitions),
+                                                          "spark.driver.memory": args.driver_memory})
         spark.range(1000).count()
         print(f"spark session + first query: {time.perf_counter() - t:.1f} s (not in the figures below)")
         listed, in_use = str(root / "listed.parquet"), str(root / "in_use.parquet")

@@ -3,6 +3,8 @@
     flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py                 # 10M rows
     flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py --rows 1000000 --baseline-rows 200000
     flock /tmp/pl-heavy.lock .venv/bin/python bench/bench_spark_seed.py --seed-only          # the seed step alone
+    .venv/bin/python bench/bench_spark_seed.py --rows 2000 --spread-hours 0.001 --baseline-rows 1000 --files 2 \
+        --shuffle-partitions 2 --driver-memory 1g --writer-settle-s 1 --workdir DIR        # CI smoke (tiny)
 
 1. An export of N rows (what export-backlog writes) is generated: `--ledgers` ledgers in order,
    deliver-at spread over `--spread-hours` from now (the earliest already due when the writer
@@ -174,8 +176,8 @@ def rss_kb(pid: int) -> int:
     return 0
 
 
-def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) -> Dict[str, Any]:
-    """Start the writer (localrun process) on `store`; first release time and RSS after 10 s."""
+def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool, settle_s: float = 10.0) -> Dict[str, Any]:
+    """Start the writer (localrun process) on `store`; first release time and RSS after `settle_s`."""
     topics = wc.topics_for("seed")
     config = wc.write_writer_config(workdir, topics)
     cfg_text = config.read_text().replace(str(workdir / "snapshots"), str(store))
@@ -191,7 +193,7 @@ def run_writer(workdir: Path, store: Path, broker_url: str, wait_first: bool) ->
             msg = consumer.receive(timeout_millis=60_000)
             first = time.monotonic() - t0
             consumer.acknowledge(msg)
-        time.sleep(max(0.0, 10 - (time.monotonic() - t0)))
+        time.sleep(max(0.0, settle_s - (time.monotonic() - t0)))
         rss = rss_kb(proc.pid)
     finally:
         wc.stop_process(proc)
@@ -284,6 +286,11 @@ def main() -> None:
                          "in this process, in CPU time (3 runs).")
     ap.add_argument("--spark-only", action="store_true",
                     help="Only time Spark's side of the seed plan (read, join, repartition + mapInArrow counting rows).")
+    ap.add_argument("--shuffle-partitions", type=int, default=0,
+                    help="spark.sql.shuffle.partitions (0: Spark's default; 2 for tiny runs)")
+    ap.add_argument("--driver-memory", default="4g")
+    ap.add_argument("--writer-settle-s", type=float, default=10.0,
+                    help="How long each writer runs before its RSS is read (s).")
     ap.add_argument("--recover-only", default=None, help=argparse.SUPPRESS)  # child process mode
     args = ap.parse_args()
     if args.recover_only:
@@ -303,7 +310,10 @@ def main() -> None:
     print(f"generated {args.rows:,} rows in {results['generate_s']} s", flush=True)
     config, opts = writer_settings(str(wc.WRITER_CONFIG), None)
 
-    spark = get_spark("local[2]", "bench-seed", **{"spark.driver.memory": "4g"})
+    conf = {"spark.driver.memory": args.driver_memory}
+    if args.shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(args.shuffle_partitions)
+    spark = get_spark("local[2]", "bench-seed", **conf)
     spark.range(10).count()  # session warm, not counted
     if args.spark_only:
         res = spark_plan_only(spark, work / "export", config)
@@ -335,12 +345,16 @@ def main() -> None:
             ver = run_verify(spark, str(work / "seeded"), config, progress=progress)
         results["verify"] = {"seconds": ver.seconds, "indexes_per_s": ver.items_per_s, "ok": ver.ok}
         print(f"verify: {ver.items:,} indexes in {ver.seconds} s = {ver.items_per_s:,.0f}/s ok={ver.ok}", flush=True)
+        if not ver.ok or ver.items != seed.items:
+            raise SystemExit(f"verify: ok={ver.ok}, {ver.items:,} indexes for {seed.items:,} seeded")
         with JobProgress(spark, "verify --against") as progress:
             vag = run_verify(spark, str(work / "seeded"), config, against=[str(work / "export")], opts=opts,
                              progress=progress)
         results["verify_against"] = {"seconds": vag.seconds, "rows_per_s": round(args.rows / vag.seconds),
                                      "ok": vag.ok, "found": vag.against["found"] if vag.against else None}
         print(f"verify --against: {vag.seconds} s ok={vag.ok} found={results['verify_against']['found']:,}", flush=True)
+        if not vag.ok or results["verify_against"]["found"] != args.rows:
+            raise SystemExit(f"verify --against: ok={vag.ok}, found {results['verify_against']['found']} of {args.rows:,}")
     spark.stop()
 
     if not args.skip_baseline:
@@ -364,8 +378,10 @@ def main() -> None:
         broker = EmbeddedBroker(data_dir=work / "broker")
         broker.start()
         try:
-            seeded = run_writer(work / "w-seeded", work / "seeded", broker.service_url, wait_first=True)
-            empty = run_writer(work / "w-empty", work / "empty-store", broker.service_url, wait_first=False)
+            seeded = run_writer(work / "w-seeded", work / "seeded", broker.service_url, wait_first=True,
+                                settle_s=args.writer_settle_s)
+            empty = run_writer(work / "w-empty", work / "empty-store", broker.service_url, wait_first=False,
+                               settle_s=args.writer_settle_s)
         finally:
             broker.stop(remove_data=True)
         results["writer"] = {"seeded": seeded, "empty": empty,

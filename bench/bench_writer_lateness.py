@@ -11,7 +11,8 @@ One embedded pulsar-lite broker; each process under test runs in its own process
 - writer, pre-indexed (the release path alone): all messages are sent at once, deliver-at again
   T0 + i/rate, with T0 far enough ahead that the writer has indexed them all before T0 (checked
   on its metrics endpoint: pulsar_lifecycle_scheduler_received_total); then only releases run at `rate`.
-Both processes are warmed up (one message through) before the load starts.
+Both processes are warmed up (one message through) before the load starts. A run with a message
+missing, duplicated or early exits non-zero.
 The ratio line is writer p99 lateness (arrival, paced intake) / pipe p99 latency (arrival); the
 target is p99 <= 250 ms and no negative lateness.
 
@@ -106,6 +107,9 @@ def one(label: str, client, url: str, workdir: Path, rate: int, seconds: float, 
           f"{wc.log_tail(workdir / 'paced.log', 200).strip()}{note})", flush=True)
     print(f"    arrival - deliver-at {what} ms:     {arrival.line()}", flush=True)
     print(f"    released-at - deliver-at {what} ms: {released.line()}", flush=True)
+    if got.duplicates or arrival.negative or released.negative:
+        raise RuntimeError(f"{label}: {got.duplicates} duplicates, {arrival.negative} arrivals and "
+                           f"{released.negative} releases before their deliver-at")
     return [arrival, released]
 
 

@@ -24,7 +24,7 @@ Steps:
 The ratio line is writer/pipe of the sustained rates (the figure of every earlier table; the
 target: >= 0.70); writer/batched-pipe and writer/identity are printed too, and writer/pipe of the
 rates from launch on a line of its own. Each process's exit code is printed (0: it stopped
-cleanly on SIGINT).
+cleanly on SIGINT). A run with a message missing, duplicated or early exits non-zero.
 
     python bench/bench_writer_throughput.py [--messages 100000] [--payload-bytes 100] [--runs 2]
 """
@@ -89,6 +89,8 @@ def one(label: str, client: pulsar.Client, workdir: Path, n: int, payload_bytes:
           f"{(first - t_launch) / 1000:.2f} s after launch; {from_launch:,.0f} msg/s from launch; process CPU "
           f"{cpu * 1e6 / n:3.0f} us/msg incl. start-up; pre-load {produce_rate:,.0f} msg/s; duplicates "
           f"{got.duplicates}; early {early}; exit code {rc})", flush=True)
+    if got.duplicates or early:
+        raise RuntimeError(f"{label}: {got.duplicates} duplicates, {early} released before their deliver-at")
     return rate, from_launch
 
 
