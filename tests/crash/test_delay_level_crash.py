@@ -265,9 +265,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
                           f"(worst {worst} ms); {explain(too_late, forwarded)}", stacklevel=1)
         return
     # Lateness outside the kill downtime (docs/delay-levels.md: lookahead + the writer's tick).
-    # Session 5 reported it as a warning after one run in 14 missed it (4.1 s: a dedup tail-replay
-    # reader stalled 5 s at a restart, and a syncer start waits for every partition's replay); the
-    # reader is now restarted after 1 s, and the bound is asserted again (the message names the
-    # late side: the syncer's forward or the writer's release).
+    # A dedup tail-replay reader that stalls at a restart is restarted after 1 s, so a syncer start
+    # is not held up by one partition's replay; the message names the late side (the syncer's
+    # forward or the writer's release).
     assert not too_late, (f"{len(too_late)} later than {BOUND_MS} ms outside kill downtime (worst {worst} ms), "
                           f"e.g. {too_late[:5]}; {explain(too_late, forwarded)}; logs and lateness.tsv in {tmp_path}")

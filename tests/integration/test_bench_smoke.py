@@ -63,10 +63,8 @@ CASES = [
     case("writer_lateness", "bench_writer_lateness.py",
          ["--rate", "200", "--seconds", "2", "--lead-ms", "1000", "--preindexed-seconds", "1",
           "--preindexed-lead-s", "6"], "ratio writer p99 lateness", 240),
-    # Another engineer's benchmark (not yet committed when this case was written): skipped where absent.
     case("writer_restart", "bench_writer_restart.py", ["--broker", "lite", "--kills", "1", "--rate", "100"],
-         "held messages read from gaps", 240,
-         pytest.mark.skipif(not (BENCH / "bench_writer_restart.py").is_file(), reason="not in this tree")),
+         "held messages read from gaps", 240),
     case("writer_scaling", "bench_writer_scaling.py", ["--messages", "400", "--runs", "1"],
          "ratio vs partitioned x1", 300),
     case("spark_orphans", "bench_spark_orphans.py",

@@ -28,6 +28,7 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of
 from pulsar_lifecycle.spark.export import export_backlog
+from pulsar_lifecycle.subscribe import skip_consumer_ids
 from support.broker_fixtures import kind_of
 
 pytestmark = pytest.mark.integration
@@ -321,6 +322,79 @@ def test_consumers_of_a_killed_process_on_many_topics(broker, unique, record_pro
     _note(record_property, refused_subscribes=refused, received=got)
     if kind_of(broker) == "pulsar":
         assert refused == 0 and got == n_topics * per_topic
+
+
+def test_a_reset_connections_consumers_stay_registered(broker, unique, record_property):
+    """A process holding messages on a Shared subscription is stopped while the broker pushes more
+    into its socket, then SIGKILLed: its connection ends with a reset. pulsar-lite keeps that
+    connection's consumer registered, with everything dispatched to it: a new client's consumer
+    with the same id (0) is refused (the subscribe times out), one with another id is accepted
+    but never gets the held messages, not even after a seek; a Reader reads them all. The writer's
+    consumer-id skip, prompt subscribe retry and gap reads (subscribe.py,
+    scheduler/intake_gaps.py) exist for that. Real Pulsar drops the consumer and redelivers."""
+    topic = f"{NS}/quirk-reset-{unique}"
+    client = _short_client(broker.service_url)
+    try:
+        _publish(client, topic, 100, per_entry=100)
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, broker.service_url, "S", "2000", "1", topic],
+                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().startswith("HOLDING")
+            # Stopped with permits left: the broker pushes the next entries into its socket, unread.
+            holder.send_signal(signal.SIGSTOP)
+            _publish(client, topic, 1100, per_entry=100, prefix="n")
+            time.sleep(0.5)
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=30)
+        fresh = _short_client(broker.service_url)
+        try:
+            try:
+                _shared(fresh, topic, "S", queue=2000).close()  # consumer id 0, as the holder's
+                refused = False
+            except pulsar.PulsarException:
+                refused = True
+            consumer = _shared(fresh, topic, "S", queue=2000)  # a new id
+            got = _drain(consumer, 1200, idle_ms=1500)
+            if got < 1200:
+                consumer.seek(pulsar.MessageId(-1, 0, 0, -1) if kind_of(broker) == "lite" else pulsar.MessageId.earliest)
+                got += _drain(consumer, 1200 - got, idle_ms=1500)
+            consumer.close()
+            reader = fresh.create_reader(topic, pulsar.MessageId.earliest)
+            read = 0
+            try:
+                while read < 1200:
+                    reader.read_next(timeout_millis=IDLE_MS)
+                    read += 1
+            except pulsar.Timeout:
+                pass
+            reader.close()
+        finally:
+            fresh.close()
+    finally:
+        client.close()
+    _note(record_property, refused_same_id=refused, received=got, read_by_reader=read)
+    assert read == 1200
+    if kind_of(broker) == "pulsar":
+        assert not refused and got == 1200
+    elif refused:  # the reset left the consumer registered (the usual outcome of a stopped holder)
+        assert got < 1200
+
+
+def test_skip_consumer_ids_makes_and_closes_that_many_consumers(broker, unique):
+    """localrun's consumer-id skip (subscribe.py) on the real broker: every consumer it makes is
+    accepted and closed again, and the client still subscribes normally afterwards."""
+    client = _short_client(broker.service_url)
+    try:
+        assert skip_consumer_ids(client, 50, f"non-persistent://public/default/ids-{unique}") == 50
+        assert skip_consumer_ids(client, 0, f"non-persistent://public/default/ids-{unique}") == 0
+        topic = f"{NS}/quirk-skip-{unique}"
+        _publish(client, topic, 10, per_entry=10)
+        consumer = _shared(client, topic, "S", queue=100)
+        assert _drain(consumer, 10, idle_ms=1500) == 10
+        consumer.close()
+    finally:
+        client.close()
 
 
 def test_a_second_clients_consumer_on_one_shared_subscription(broker, unique):

@@ -15,7 +15,7 @@ manifest (format 2) stores them packed and snapshots carry packed_index_bit_map.
 from __future__ import annotations
 
 from array import array
-from typing import Dict, Iterable, Iterator, List, Mapping, Tuple
+from typing import Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from pyroaring import BitMap
 
@@ -193,6 +193,17 @@ class LedgerBitmaps:
     def ledgers(self) -> Iterable[int]:
         """The ledger ids present."""
         return self._maps.keys()
+
+    def last_entry(self) -> Optional[Tuple[int, int]]:
+        """(ledger, entry id) of the furthest entry whose first item (batch index 0, or the entry's
+        only message) is in the set; None when there is none. An entry whose first item is missing
+        is not counted, so the answer never lies beyond the set's last entry."""
+        for ledger in sorted(self._maps, reverse=True):
+            bm = self._maps[ledger]
+            first_items = bm.rank(_ENTRY_MASK)  # packed ids with batch index 0 are the lowest ones
+            if first_items:
+                return ledger, bm[first_items - 1]
+        return None
 
     def to_proto_map(self) -> Dict[int, bytes]:
         """ledger -> portable bytes of the packed ids, for a protobuf map<uint64, bytes>

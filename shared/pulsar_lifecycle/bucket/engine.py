@@ -653,6 +653,12 @@ class BucketIndex:
         with self._lock:
             return self._seen.contains(ledger_id, entry_id)
 
+    def last_added_entry(self) -> Optional[Tuple[int, int]]:
+        """(ledger, entry id) of the furthest entry of the topic with an item ever added (by its
+        first item: see LedgerBitmaps.last_entry), or None when nothing was added."""
+        with self._lock:
+            return self._seen.last_entry()
+
     def pending_count(self) -> int:
         """Items added and not yet released (cancelled ones included)."""
         with self._lock:

@@ -12,13 +12,13 @@ import base64
 import logging
 import queue
 import threading
-import time
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 import pulsar
 
+from ..subscribe import subscribe_promptly
 from .classloader import import_class, instantiate_function
 from .context import LocalContext, effectively_once_sequence_id
 
@@ -56,6 +56,7 @@ class FunctionInstance:
         self._input_serdes: Dict[str, Any] = {}
         self._output_serde: Any = None
         self.nack_delay_ms = nack_delay_ms
+        self.processed = threading.Event()  # set once process() was called (the function runs)
 
     @property
     def function(self) -> Any:
@@ -111,30 +112,23 @@ class FunctionInstance:
                  self.context.identity.fqfn, self.context.identity.instance_id, self.spec.inputs,
                  self.spec.output, self.guarantee)
 
-    def _subscribe_with_retry(self, topic: str, position: Any, kwargs: Dict[str, Any],
-                              attempts: int = 4) -> pulsar.Consumer:
-        # After a SIGKILL the broker may still hold the dead process's consumer for a while;
-        # a real worker restarts the instance, we retry a bounded number of times.
-        for attempt in range(1, attempts + 1):
-            try:
-                return self.client.subscribe(
-                    topic,
-                    self.spec.sub_name,
-                    consumer_type=self._consumer_type(),
-                    initial_position=position,
-                    message_listener=self._make_listener(topic),
-                    negative_ack_redelivery_delay_ms=self.nack_delay_ms,
-                    properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
-                                "instance_id": str(self.context.identity.instance_id)},
-                    **kwargs,
-                )
-            except pulsar.PulsarException as exc:
-                if attempt == attempts:
-                    raise RuntimeError(f"cannot subscribe {self.spec.sub_name!r} to {topic}: {exc}") from exc
-                log.warning("event=subscribe_retry topic=%s subscription=%s attempt=%d error=%r",
-                            topic, self.spec.sub_name, attempt, exc)
-                time.sleep(min(5.0, 0.5 * attempt))
-        raise AssertionError("unreachable")
+    def _subscribe_with_retry(self, topic: str, position: Any, kwargs: Dict[str, Any]) -> pulsar.Consumer:
+        # After a SIGKILL the broker may still hold the dead process's consumer under the id this
+        # subscribe gets (pulsar-lite): another attempt beside it gets a new id (subscribe.py).
+        try:
+            return subscribe_promptly(lambda: self.client.subscribe(
+                topic,
+                self.spec.sub_name,
+                consumer_type=self._consumer_type(),
+                initial_position=position,
+                message_listener=self._make_listener(topic),
+                negative_ack_redelivery_delay_ms=self.nack_delay_ms,
+                properties={"application": "pulsar-function", "id": self.context.identity.fqfn,
+                            "instance_id": str(self.context.identity.instance_id)},
+                **kwargs,
+            ), what=f"{topic} ({self.spec.sub_name})")
+        except (pulsar.PulsarException, TimeoutError) as exc:
+            raise RuntimeError(f"cannot subscribe {self.spec.sub_name!r} to {topic}: {exc}") from exc
 
     def _make_listener(self, topic: str):
         def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
@@ -190,6 +184,7 @@ class FunctionInstance:
         return serde.deserialize(item.message.data())
 
     def _execute(self, item: _Item) -> None:
+        self.processed.set()
         ident = self.context.identity
         self.context.metrics.received.labels(ident.fqfn, str(ident.instance_id)).inc()
         self.context.set_current_message(item.message)

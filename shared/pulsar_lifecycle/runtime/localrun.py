@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..exceptions import PulsarLifecycleError
 from ..scheduling_protocol import TICK_PROP
 from ..state import open_state_store
 from ..state.base import StateStore
+from ..subscribe import random_skip, skip_consumer_ids
 from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .connect import check_broker_answers
@@ -33,6 +35,12 @@ from .instance import FunctionInstance
 from .metrics import FunctionMetrics
 
 log = logging.getLogger(__name__)
+
+# Start ticks (tickMode hold, external broker): from START_TICK_AFTER_S after the start, one per
+# START_TICK_S until every instance ran, for at most START_TICKS_S.
+START_TICK_AFTER_S = 2.0
+START_TICK_S = 0.2
+START_TICKS_S = 60.0
 
 
 def check_reachable(service_url: str, timeout: float = 5.0) -> None:
@@ -183,6 +191,11 @@ class LocalRunner:
         # ("Consumer 0 already exists"); a real worker runs one process (and client) per instance.
         client = make_client(settings)
         self._clients.append(client)
+        if self.options.broker_service_url:
+            # A broker this process does not own may still hold a SIGKILLed predecessor's
+            # consumers under the ids this client would pick first (pulsar-lite: subscribe.py).
+            skip_consumer_ids(client, random_skip(), f"non-persistent://{spec.tenant}/{spec.namespace}/"
+                                                     "pulsar-lifecycle-consumer-ids")
         parallelism = max(1, int(spec.parallelism or 1))
         total = self.options.num_instances or self.options.instance_id_offset + parallelism
         if total < self.options.instance_id_offset + parallelism:
@@ -210,7 +223,10 @@ class LocalRunner:
         # The three tick keys read with the functions' own converters (config/settings.py).
         uc = self.spec.user_config
         topic = read_setting(uc, "tickTopic", to_str, "")
-        if not topic or read_setting(uc, "tickMode", to_str, "runner") != "runner":
+        if not topic:
+            return
+        if read_setting(uc, "tickMode", to_str, "runner") != "runner":
+            self._start_ticks(topic)
             return
         interval = max(50, read_setting(uc, "tickTimeMillis", to_int, 1000)) / 1000.0
         producer = self._tick_producer = self._clients[0].create_producer(topic, batching_enabled=False)
@@ -222,6 +238,40 @@ class LocalRunner:
                 except Exception as exc:  # the client may be closing
                     log.debug("event=tick_failed topic=%s error=%r", topic, exc)
         self._ticker = threading.Thread(target=run, name="localrun-ticker", daemon=True)
+        self._ticker.start()
+
+    def _start_ticks(self, topic: str) -> None:
+        # A function that holds a wake tick (tickMode hold) starts when the broker redelivers it.
+        # A pulsar-lite this process does not own can keep a SIGKILLed predecessor's consumer,
+        # and the held tick with it, registered until it restarts; that consumer's permits also
+        # slow what reaches the new one (scheduler/intake_gaps.py). So when an instance has
+        # processed nothing START_TICK_AFTER_S after the start, ticks are sent until every one has;
+        # each extra one is acked on arrival.
+        if not self.options.broker_service_url:
+            return  # the embedded broker started with this process: nothing is held
+
+        def started() -> bool:
+            return all(inst.processed.is_set() for inst in self._instances)
+
+        def run() -> None:
+            if self._stop.wait(START_TICK_AFTER_S) or started():
+                return
+            try:
+                producer = self._tick_producer = self._clients[0].create_producer(topic, batching_enabled=False)
+            except Exception as exc:  # the client may be closing
+                log.debug("event=tick_failed topic=%s error=%r", topic, exc)
+                return
+            log.warning("event=start_ticks topic=%s reason='no instance ran within %.0f s of the start: the held "
+                        "wake tick may be with a dead consumer the broker kept'", topic, START_TICK_AFTER_S)
+            deadline = time.monotonic() + START_TICKS_S
+            while time.monotonic() < deadline and not started():
+                try:
+                    producer.send_async(b"tick", None, properties={TICK_PROP: str(wall_clock_ms())})
+                except Exception as exc:  # the client may be closing
+                    log.debug("event=tick_failed topic=%s error=%r", topic, exc)
+                if self._stop.wait(START_TICK_S):
+                    return
+        self._ticker = threading.Thread(target=run, name="localrun-start-ticks", daemon=True)
         self._ticker.start()
 
     def functions(self) -> List[Any]:

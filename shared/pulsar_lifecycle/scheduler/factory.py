@@ -24,6 +24,7 @@ from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
+from .intake_gaps import GapClassifier, intake_gaps_for
 from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
@@ -157,8 +158,9 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         publisher = DedupPublisher(client, names.producer_name, dedup_state)
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
-        check_index_identity(storage, dedup_state, state_location=state_location(context, names.state_prefix),
-                             published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
+        identity = check_index_identity(storage, dedup_state,
+                                        state_location=state_location(context, names.state_prefix),
+                                        published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         source_factory = None
         runtime_input = None
         if names.direct:
@@ -168,7 +170,12 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
                 max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
             # The scheduling topic as an input only starts the writer: the service closes it (runtime_input.py).
             runtime_input = RuntimeInput.of_input(context, names.topic)
-            source_factory = lambda: SchedulingConsumer(client, sub)  # noqa: E731 - opened after recovery
+            # What a dead consumer holds is read only while no other instance shares the subscription
+            # (intake_gaps.py): another instance's share would look the same.
+            sole_consumer = bool(cfg.scheduling_topic_partitions) or num_instances(context) <= 1
+            rules = GapClassifier(sub.max_delay_ms, sub.allowed_target_prefixes)
+            source_factory = lambda: SchedulingConsumer(client, sub, gaps=intake_gaps_for(  # noqa: E731 - opened after recovery
+                client, names.topic, engine, dedup_state, identity.index_id, rules, sole_consumer))
         sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",

@@ -19,6 +19,12 @@ A stall watchdog (pulsar_lifecycle.stall_watchdog) re-subscribes the consumer wh
 while the topic holds messages beyond the last one it received: on pulsar-lite a consumer killed
 holding a batch entry larger than its queue leaves a permit deficit that can keep its successor
 idle. It runs only between batches, when everything received is acked.
+
+Messages a dead consumer of the subscription still holds (pulsar-lite keeps a reset
+connection's consumers) never reach this one: `IntakeGaps` (intake_gaps.py) finds the gaps they
+leave and reads them with a Reader, between batches. The consumer subscribes through
+`subscribe_promptly`, so a consumer id the broker still holds for a dead process costs a retry
+of ANSWER_S, not the client's operation timeout.
 """
 from __future__ import annotations
 
@@ -31,8 +37,10 @@ import pulsar
 from .. import native_consumer
 from ..clock import wall_clock_ms
 from ..stall_watchdog import StallWatchdog
+from ..subscribe import subscribe_promptly
 from .acker import BackgroundAcker
 from .intake import classify
+from .intake_gaps import Entry, IntakeGaps
 from .service import IntakeBatch, Pending
 
 log = logging.getLogger(__name__)
@@ -61,10 +69,13 @@ class SchedulingSubscription:
 class SchedulingConsumer:
     """An IntakeSource over a Shared batch consumer of the scheduling topic."""
 
-    def __init__(self, client: pulsar.Client, sub: SchedulingSubscription, watchdog: bool = True) -> None:
-        """`watchdog` False turns the stall watchdog off."""
+    def __init__(self, client: pulsar.Client, sub: SchedulingSubscription, watchdog: bool = True,
+                 gaps: Optional[IntakeGaps] = None) -> None:
+        """`watchdog` False turns the stall watchdog off; `gaps` reads what a dead consumer of
+        the subscription holds (None: not read)."""
         self.sub = sub
         self._client = client
+        self.gaps = gaps
         queue = max(MIN_RECEIVER_QUEUE, 2 * sub.batch_size)
         self._consumer = self._subscribe(queue)
         self._acker = BackgroundAcker(f"bucket-ack-{sub.topic.rsplit('/', 1)[-1]}")
@@ -74,14 +85,14 @@ class SchedulingConsumer:
         # Shared like the runtime's own input consumers (and the only type pulsar-lite gets right);
         # Earliest so messages sent before the writer first ran are scheduled too.
         sub = self.sub
-        consumer = self._client.subscribe(
+        consumer = subscribe_promptly(lambda: self._client.subscribe(
             sub.topic, sub.subscription,
             consumer_type=pulsar.ConsumerType.Shared,
             initial_position=pulsar.InitialPosition.Earliest,
             receiver_queue_size=receiver_queue_size,
             batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(sub.batch_size, MAX_BATCH_BYTES,
                                                                    max(1, sub.batch_delay_ms)),
-        )
+        ), what=f"{sub.topic} ({sub.subscription})")
         log.info("event=scheduling_consumer_subscribed topic=%s subscription=%s batch_size=%d receiver_queue=%d",
                  sub.topic, sub.subscription, sub.batch_size, receiver_queue_size)
         return consumer
@@ -90,6 +101,12 @@ class SchedulingConsumer:
         """Up to batch_size messages (waiting batch_delay_ms to fill), or None when idle."""
         self._acker.raise_if_failed()
         consumer = self._consumer
+        gaps = self.gaps
+        if gaps is not None:
+            # Between batches (everything received is durable by now): a gap, or a starved consumer.
+            found = gaps.read_if_due(consumer, idle=False)
+            if found is not None:
+                return found
         # Through the native consumer where there is one (pulsar_lifecycle.native_consumer): this
         # runs once per scheduling message on the intake thread; acks go through the public one.
         msgs = native_consumer.batch_receive(consumer)
@@ -97,6 +114,14 @@ class SchedulingConsumer:
             # Idle: block on one message instead of polling batch_receive every few ms.
             first = native_consumer.receive(consumer, IDLE_WAIT_MS)
             if first is None:
+                if gaps is not None:
+                    found = gaps.read_if_due(consumer, idle=True)
+                    if found is not None:
+                        return found
+                    if self.watchdog is not None and gaps.frontier.frontier is not None:
+                        # Handled up to there (received, or read from a gap): nothing to wait for
+                        # below it, so what a dead consumer holds there is no stall to re-subscribe for.
+                        self.watchdog.seen(*gaps.frontier.frontier)
                 # Idle, and once everything received is acked: the moment to look for a stall.
                 if self.watchdog is not None and self._acker.idle:
                     new = self.watchdog.check(consumer)
@@ -104,26 +129,36 @@ class SchedulingConsumer:
                         self._consumer = new
                 return None
             msgs = [first]
-        items = self._classify_all(msgs, wall_clock_ms())
+        if gaps is not None and len(msgs) >= self.sub.batch_size:
+            gaps.saturated()
+        entries: List[Entry] = []
+        items = self._classify_all(msgs, wall_clock_ms(), entries)
         if self.watchdog is not None:
             self.watchdog.flowing()
 
-        def ack() -> None:
+        def ack() -> None:  # called once the batch is durable
+            if gaps is not None:
+                gaps.handled(entries)
             self._acker.submit(consumer, msgs)
         return IntakeBatch(items, ack)
 
-    def _classify_all(self, msgs: Sequence[Any], now: int) -> List[Pending]:
+    def _classify_all(self, msgs: Sequence[Any], now: int, entries: List[Entry]) -> List[Pending]:
         """`Pending` items of a received batch, in order (a plain loop with the lookups hoisted:
-        it runs once per scheduling message); the watchdog sees the batch's furthest position."""
+        it runs once per scheduling message); the watchdog sees the batch's furthest position,
+        `entries` gets the batch's entries (ledger, entry) in the order they came."""
         sub = self.sub
         max_delay_ms, prefixes = sub.max_delay_ms, sub.allowed_target_prefixes
         items: List[Pending] = []
         furthest: Optional[Tuple[int, int]] = None
+        last_ledger = last_entry = -1
         for msg in msgs:
             props = msg.properties()
             payload = msg.data()
             mid = msg.message_id()
             ledger, entry = mid.ledger_id(), mid.entry_id()  # each accessor is a call into the client
+            if entry != last_entry or ledger != last_ledger:  # a batch entry's messages come together
+                last_ledger, last_entry = ledger, entry
+                entries.append((ledger, entry))
             if furthest is None or (ledger, entry) > furthest:
                 furthest = (ledger, entry)
             item = classify(
@@ -141,6 +176,8 @@ class SchedulingConsumer:
         """Ack what was handed to the acker, then close the consumer; what it received but did not
         ack is redelivered."""
         self._acker.close()
+        if self.gaps is not None:
+            self.gaps.close()
         try:
             self._consumer.close()
         except Exception as exc:  # closing during a broker outage must not hide the real error

@@ -31,6 +31,7 @@ from pulsar_lifecycle.bucket.codec import (
 )
 from pulsar_lifecycle.bucket.keys import bucket_key, is_bucket_key, parse_bucket_key
 from pulsar_lifecycle.bucket.merge_policy import select_merge_window
+from pulsar_lifecycle.bucket.positions import encode
 from pulsar_lifecycle.bucket.records import index_id
 from pulsar_lifecycle.bucket.segments import SegmentCutter, cut_bounds, cut_segments, snapshot_metadata
 from pulsar_lifecycle.scheduling_protocol import (
@@ -409,3 +410,11 @@ def test_encodings_do_not_depend_on_map_insertion_order() -> None:
     forward = DelayedMessage(7, 3, -1, 1_000, b"x", properties=dict(props))
     backward = DelayedMessage(7, 3, -1, 1_000, b"x", properties=dict(reversed(list(props.items()))))
     assert encode_item(forward, 1_000) == encode_item(backward, 1_000)
+
+
+def test_last_entry_is_the_furthest_entry_with_its_first_item():
+    seen = LedgerBitmaps()
+    assert seen.last_entry() is None
+    for ledger, entry, batch in [(3, 5, 0), (3, 5, 1), (3, 9, -1), (7, 2, 0), (7, 2, 1), (7, 4, 3)]:
+        seen.add(ledger, encode(entry, batch))
+    assert seen.last_entry() == (7, 2)  # (7, 4) has no first item in the set: not counted
