@@ -33,7 +33,7 @@ from support.broker_fixtures import broker_kinds
 from support.crash_runs import CrashBroker, crash_broker, create_partitioned_topic, start_localrun, wait_subscribed
 from support.paths import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 ROOT = REPO
 NS = "persistent://public/default"
 

@@ -48,11 +48,11 @@ from support.crash_runs import (
 )
 from support.paths import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
 NS = "persistent://public/default"
 
 RATE = 100  # messages per second, published for FEED_S
-FEED_S = 75
+FEED_S = 60
 UNIT_S, UNITS = 2, 10  # delay-level partitions: delays up to 20 s
 LOOKAHEAD_MS = 1000
 WRITER_TICK_MS = 200
