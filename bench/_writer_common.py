@@ -6,10 +6,10 @@ The two benchmarks run everything against one embedded pulsar-lite broker starte
 - the baseline pipe: this file run as `pipe`, also in its own process: the runtime's client
   settings (make_client), a Shared consumer with a message listener and a batching producer with
   the runtime's output settings; each message is acked once its publish is confirmed.
-The batched pipe (this file run as `batched-pipe`) is the same pipe written the writer's way:
-`batch_receive` (up to 500 messages, 5 ms to fill, the writer's ingest defaults), sends without
-per-message callbacks, one completion callback per batch (on its last send: a producer completes
-its sends in order) and the batch's acks after it.
+The batched pipe (this file run as `batched-pipe`) is bench/_pipe.py, the batched baseline every
+pipe comparison shares: `batch_receive` (up to 500 messages, 5 ms to fill, the writer's ingest
+defaults), sends without per-message callbacks, one completion callback per batch and the batch's
+acks in it.
 A further reference is an identity function (`Identity` below) run through the same localrun
 runtime: it shows what the runtime's one-message-at-a-time model costs before the writer does
 any work of its own.
@@ -34,11 +34,12 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 import yaml
 
+import _pipe
 from pulsar_lifecycle.runtime.broker import free_port  # noqa: F401 - re-exported for the benchmarks
 from pulsar_lifecycle.runtime.client import ClientSettings, make_client, quiet_client
 from pulsar_lifecycle.scheduler.config import check_writer_inputs
@@ -358,45 +359,13 @@ def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription
     client.close()
 
 
-# The writer's ingest defaults (scheduler/config.py ingestBatchSize, ingestBatchDelayMillis).
-BATCH_PIPE_MESSAGES = 500
-BATCH_PIPE_DELAY_MS = 5
-
-
 def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str,
                      max_seconds: float) -> None:
-    """Consume -> produce in batches: batch_receive, sends without per-message callbacks, one callback
-    per batch on its last send (a producer completes its sends in order, so its success completes the
-    batch), the batch's acks after it. Until SIGINT/SIGTERM or max_seconds."""
-    stop, client, producer = _pipe_start(service_url, output_topic)
-    consumer = client.subscribe(input_topic, subscription, consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest,
-                                receiver_queue_size=2 * BATCH_PIPE_MESSAGES,
-                                batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(
-                                    BATCH_PIPE_MESSAGES, 16 * 1024 * 1024, BATCH_PIPE_DELAY_MS))
-
-    def completion(msgs: List[pulsar.Message]) -> Callable[[pulsar.Result, object], None]:
-        def done(res: pulsar.Result, _mid: object) -> None:
-            settle = consumer.acknowledge if res == pulsar.Result.Ok else consumer.negative_acknowledge
-            for m in msgs:
-                settle(m)
-        return done
-
-    deadline = time.monotonic() + max_seconds
-    while not stop.is_set() and time.monotonic() < deadline:
-        msgs = consumer.batch_receive()
-        if not msgs:
-            continue
-        released_at = str(now_ms())
-        last = len(msgs) - 1
-        for i, msg in enumerate(msgs):
-            props = dict(msg.properties())
-            props[RELEASED_AT_PROP] = released_at
-            producer.send_async(msg.data(), completion(msgs) if i == last else None, properties=props)
-    producer.flush()
-    consumer.close()
-    producer.close()
-    client.close()
+    """The shared batched pipe (bench/_pipe.py) on one input topic, until SIGINT/SIGTERM or max_seconds."""
+    stop = threading.Event()
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    _pipe.run_batched_pipe(service_url, [input_topic], output_topic, subscription, stop, max_seconds)
 
 
 def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,

@@ -3,9 +3,9 @@
   index    (a) simulated clock: a 30-day workload with DAY units; peak number of entries the
                near-term index holds without parking (every message indexed at publish) and with
                parking (indexed from its forward time); target >= 10x fewer.
-  forward  (b) the syncer's forward rate vs a batched consume->produce pipe on the same broker
-               and the same partitions (batch_receive, sends without per-message callbacks, flush,
-               batch ack); target >= 0.8.
+  forward  (b) the syncer's forward rate vs the shared batched consume->produce pipe
+               (bench/_pipe.py, the writer benchmarks' baseline too) on the same broker and the same
+               partitions; target >= 0.8.
   rss      (c) the syncer's RSS with 10k vs 1M parked messages (a child process per size);
                target: within 10 MB.
 
@@ -30,6 +30,7 @@ from typing import Dict, List, Optional
 
 import pulsar
 
+import _pipe
 from pulsar_lifecycle import native_consumer
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
 from pulsar_lifecycle.delaylevel.config import SyncerConfig, parse_syncer_config
@@ -108,48 +109,14 @@ def syncer_config(business: str, sched: str, unit_s: int, max_s: int, **extra: o
 
 # -- (b) forward rate vs a batched pipe --------------------------------------------------------
 
-def pipe(client: pulsar.Client, topics: List[str], out: str, per_topic: int, batch: int) -> float:
-    """Baseline: per partition a thread doing batch_receive -> send_async (no callbacks) -> flush -> ack."""
-    done = [0]
-    lock = threading.Lock()
-
-    def run(topic: str) -> None:
-        consumer = client.subscribe(topic, "pipe", consumer_type=pulsar.ConsumerType.Shared,
-                                    initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000,
-                                    batch_receive_policy=pulsar.ConsumerBatchReceivePolicy(batch, 16 << 20, 5))
-        producer = client.create_producer(out, batching_enabled=True, batching_max_publish_delay_ms=10,
-                                          block_if_queue_full=True, max_pending_messages=1000,
-                                          compression_type=pulsar.CompressionType.LZ4)
-        got = 0
-        last_progress = time.monotonic()
-        while got < per_topic:
-            msgs = consumer.batch_receive()
-            if not msgs:
-                if time.monotonic() - last_progress > 60:  # a pulsar-lite stall: report, do not hang the lock
-                    print(f"    PIPE STALL: {topic}: {got} of {per_topic} after 60 s without a message")
-                    break
-                continue
-            last_progress = time.monotonic()
-            for m in msgs:
-                producer.send_async(m.data(), None, properties=m.properties(), partition_key=m.partition_key() or None)
-            producer.flush()
-            for m in msgs:
-                consumer.acknowledge(m)
-            got += len(msgs)
-        with lock:
-            done[0] += got
-        producer.close()
-        consumer.close()
-
-    threads = [threading.Thread(target=run, args=(t,)) for t in topics]
+def pipe(url: str, topics: List[str], out: str, per_topic: int) -> float:
+    """Baseline: the shared batched pipe (bench/_pipe.py) over every partition, in this process."""
+    n = per_topic * len(topics)
     t0 = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if done[0] < per_topic * len(topics):
-        raise SystemExit(f"pipe: {done[0]} of {per_topic * len(topics)} forwarded")
-    return done[0] / (time.perf_counter() - t0)
+    done = _pipe.run_batched_pipe(url, topics, out, "pipe", threading.Event(), stop_after=n)
+    if done < n:
+        raise SystemExit(f"pipe: {done} of {n} forwarded")
+    return done / (time.perf_counter() - t0)
 
 
 def syncer_rate(client: pulsar.Client, business: str, sched: str, n: int, state: Path, unit_s: int,
@@ -202,7 +169,7 @@ def bench_forward(n: int, partitions: int, runs: int, batch: int, pipeline_depth
                 time.sleep(partitions + 1)  # everything due (forward time = base + (k+1) units)
                 if kind == "pipe":
                     topics = [partition_topic(business + "-delay-level", k) for k in range(partitions)]
-                    rates[kind].append(pipe(client, topics, sched, n // partitions, batch))
+                    rates[kind].append(pipe(broker.service_url, topics, sched, n // partitions))
                 else:
                     rates[kind].append(syncer_rate(client, business, sched, n, Path(d) / f"state-{run}", unit_s,
                                                    partitions, batch, pipeline_depth, snapshot_interval,

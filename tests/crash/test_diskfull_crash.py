@@ -39,8 +39,10 @@ def _config(tmp_path: Path, unique: str) -> tuple:
     # No snapshotDir: the index lives in --data-dir, on the small filesystem with everything else.
     # Large, slow intake batches: when the disk fills, the writer still holds a batch of messages
     # the broker has confirmed but the index has not journaled yet (the lost messages).
+    # 10 s to fill a batch of 2000 (more than the first third): the disk is filled right after the
+    # first third is confirmed, well within that time even on a loaded machine.
     cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, tickTimeMillis=200, tickMode="runner",
-                             ingestBatchSize=2000, ingestBatchDelayMillis=3000)
+                             ingestBatchSize=2000, ingestBatchDelayMillis=10_000)
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, sched, out
