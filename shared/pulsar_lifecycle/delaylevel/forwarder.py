@@ -51,6 +51,10 @@ MAX_SLEEP_S = 30.0  # re-read the clock at least this often while a head waits (
 FLUSH_TIMEOUT_S = 120.0
 GAP_PROBE_MIN_S, GAP_PROBE_MAX_S = 0.2, 5.0  # Reader probes while a message waits beyond a gap (backoff)
 GAP_LOG_EVERY_S = 30.0
+# A gap still open this long is read with a Reader: Apache Pulsar hands a dead consumer's messages
+# to the live one within milliseconds, pulsar-lite may keep them with a consumer of a connection
+# that ended with a reset until it restarts (subscribe.py).
+GAP_READ_AFTER_S = 0.5
 HANDLED_KEY_PREFIX = "delay-level/handled"  # /<producer name>: highest position handled without a forward
 
 
@@ -71,6 +75,9 @@ def _batch_size(msg: pulsar.Message) -> int:
 # Looks for the first message of the partition after a position (None: from the start); returns
 # its position (with batch size) or None when there is none. A Reader in the service (Pulsar I/O).
 Probe = Callable[[Optional[Pos]], Optional[Pos]]
+# Reads the partition's messages after a position (None: from the start) and before another, in
+# order, with a Reader of its own (Pulsar I/O, in the service).
+GapReader = Callable[[Optional[Pos], Pos], List[pulsar.Message]]
 
 
 @dataclass(frozen=True)
@@ -144,7 +151,7 @@ class PartitionForwarder:
     def __init__(self, k: int, topic: str, consumer: pulsar.Consumer, publisher: DedupPublisher,
                  policy: ForwardPolicy, stop: threading.Event,
                  resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0,
-                 probe: Optional[Probe] = None) -> None:
+                 probe: Optional[Probe] = None, read_gap: Optional[GapReader] = None) -> None:
         self.k = k
         self.topic = topic
         self.consumer = consumer
@@ -167,6 +174,7 @@ class PartitionForwarder:
         # Strict position order (order.py); `probe` (a Reader) resolves a gap the ids cannot.
         # Without a probe (tests of other parts), messages are taken in the order they come.
         self._probe = probe
+        self._read_gap = read_gap
         self._gate: Optional[OrderGate[pulsar.Message]] = None
         if probe is not None:
             frontier = Pos(*source_position(self._claimed)) if self._claimed > 0 else None
@@ -305,6 +313,11 @@ class PartitionForwarder:
         if not len(gate):
             self._gap_closed()
             return
+        if self._read_gap is not None and now - self._gap_since >= GAP_READ_AFTER_S and nxt is not None:
+            self._read_the_gap(gate)
+            if not len(gate):
+                self._gap_closed()
+                return
         self._next_probe = now + self._probe_interval
         self._probe_interval = min(GAP_PROBE_MAX_S, 2 * self._probe_interval)
         if now - self._gap_logged >= GAP_LOG_EVERY_S:
@@ -313,6 +326,24 @@ class PartitionForwarder:
                         "waiting=%d waited_s=%.1f reason='an earlier message is held by another consumer of the "
                         "subscription; later ones wait so that nothing is forwarded out of order'", self.topic,
                         gate.frontier, nxt, gate.first_waiting(), len(gate), now - self._gap_since)
+
+    def _read_the_gap(self, gate: "OrderGate[pulsar.Message]") -> None:
+        """Admit what a Reader finds between the frontier and the first waiting message: the
+        messages a consumer of the subscription holds and does not hand over (pulsar-lite: a dead
+        one). They are forwarded in order like received ones; their acks through this consumer
+        may be ignored by the broker, and when it hands them out later they are redeliveries of
+        handled positions (dropped, acked)."""
+        first = gate.first_waiting()
+        assert self._read_gap is not None and first is not None
+        found = self._read_gap(gate.frontier, first)
+        admitted = 0
+        for m in gate.admit_read([(position_of(msg.message_id(), with_size=True), msg) for msg in found]):
+            self._hold(m)
+            admitted += 1
+        log.warning("event=delay_level_partition_gap_read partition=%s read=%d admitted=%d waiting=%d "
+                    "waited_s=%.1f reason='messages another consumer of the subscription holds and does not hand "
+                    "over (pulsar-lite keeps a reset connection's consumers); read with a Reader'", self.topic,
+                    len(found), admitted, len(gate), time.monotonic() - self._gap_since)
 
     def _hold(self, msg: pulsar.Message) -> None:
         """`_hold_at` reading the message's position from its id."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable, Generic, List, Optional, Tuple, TypeVar
+from typing import Callable, Generic, List, Optional, Sequence, Tuple, TypeVar
 
 from ..bucket.codec import read_varint
 
@@ -165,6 +165,18 @@ class OrderGate(Generic[T]):
         _, _, pos, item = heapq.heappop(self._ahead)
         self._advance(pos if pos.size else next_existing, item)  # the Reader's id carries the batch size
         return [item] + self._release()
+
+    def admit_read(self, read: Sequence[Tuple[Pos, T]]) -> List[T]:
+        """Items a Reader read in order from just after the frontier, skipping nothing: the first
+        follows the frontier and each the one before, so all are admitted, then whatever waited
+        behind them. Positions at or below the frontier are left out."""
+        out: List[T] = []
+        for pos, item in read:
+            if self._key is not None and pos.key <= self._key:
+                continue
+            self._advance(pos, item)
+            out.append(item)
+        return out + self._release()
 
     def clear(self) -> List[T]:
         """Forget the waiting items (their consumer is being replaced; they come back)."""

@@ -41,6 +41,7 @@ SHRINK_PROBE_MS = 1000  # how long a partition is probed for a parked message (s
 OPEN_PARALLELISM = 16  # publishers recovered at once at start
 DISCOVERY_WINDOW = 16  # partitions probed at once beyond the last one read
 PROBE_TIMEOUT_MS = 500  # a forwarder's gap probe waits this long for the message after its frontier (then a new Reader)
+GAP_READ_MAX = 20_000  # messages per gap read (the rest is read at the next one)
 PROBE_MAX_READS = 10_000  # at most a batch (max batch index 4095 per sequence_id) before that message
 
 
@@ -308,7 +309,8 @@ class DelayLevelSyncerService:
             consumer = self._subscribe_partition(k, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
                                        resubscribe=lambda queue: self._subscribe(topic, queue),
-                                       probe=lambda after: self._first_after(topic, after))
+                                       probe=lambda after: self._first_after(topic, after),
+                                       read_gap=lambda after, until: self._read_between(topic, after, until))
         with self._grow_lock:
             self.forwarders.append(forwarder)  # stop() closes its consumer
         return forwarder
@@ -329,6 +331,28 @@ class DelayLevelSyncerService:
         finally:
             reader.close()
         return None
+
+    def _read_between(self, topic: str, after: Optional[Pos], until: Pos) -> List[pulsar.Message]:
+        """`topic`'s messages after `after` (None: from its first) and before `until`, in order,
+        read by a Reader of its own (at most GAP_READ_MAX; stops after PROBE_TIMEOUT_MS without a
+        message). The forwarders' gap read (forwarder.py `_read_the_gap`)."""
+        start = pulsar.MessageId.earliest if after is None else pulsar.MessageId(-1, after.ledger, after.entry, -1)
+        reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=1000)
+        found: List[pulsar.Message] = []
+        try:
+            while len(found) < GAP_READ_MAX:
+                msg = reader.read_next(PROBE_TIMEOUT_MS)
+                key = position_of(msg.message_id()).key
+                if after is not None and key <= after.key:
+                    continue
+                if key >= until.key:
+                    break
+                found.append(msg)
+        except pulsar.Timeout:
+            pass
+        finally:
+            reader.close()
+        return found
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
 

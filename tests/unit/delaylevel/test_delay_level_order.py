@@ -35,3 +35,17 @@ def test_a_reader_proves_an_empty_gap_and_the_cap_and_clear_bound_what_waits():
     assert gate.resolve(Pos(3, 0, 0, 1)) == ["x", "y"]  # single-message entries: x then y
     assert gate.offer(Pos(4, 0, 0), "z") == []  # a new ledger is never provable from the ids
     assert gate.clear() == ["z"] and len(gate) == 0
+
+
+def test_what_a_reader_read_from_the_frontier_is_admitted_with_what_waited_behind_it():
+    # Nothing handled yet and the partition's head held elsewhere: the later messages wait.
+    gate: OrderGate[str] = OrderGate(None, cap=10)
+    assert gate.offer(Pos(3, 2, 0, 1), "c") == [] and gate.offer(Pos(3, 3, 0, 1), "d") == []
+    # A Reader read the gap (everything before the first waiting one), in order.
+    assert gate.admit_read([(Pos(3, 0, 0, 1), "a"), (Pos(3, 1, 0, 1), "b")]) == ["a", "b", "c", "d"]
+    assert len(gate) == 0 and gate.frontier == Pos(3, 3, 0, 1)
+    # Positions at or below the frontier are not admitted twice.
+    assert gate.admit_read([(Pos(3, 3, 0, 1), "d again")]) == []
+    later: OrderGate[str] = OrderGate(Pos(5, 0, 0, 1), cap=10)
+    assert later.offer(Pos(5, 2, 0, 1), "y") == []
+    assert later.admit_read([(Pos(5, 0, 0, 1), "old"), (Pos(5, 1, 0, 1), "x")]) == ["x", "y"]
