@@ -13,6 +13,7 @@ import time
 import pytest
 
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from support.helpers import drain
@@ -81,7 +82,9 @@ def test_control_nothing_leaves_until_process_is_called(broker, tmp_path, unique
     spec, sched = writer_spec(unique, tmp_path, "direct")
     spec.inputs.remove(sched)
     spec.input_specs.pop(sched)
-    runner = start_writer(broker, tmp_path, spec)
+    # Nobody ticking: not even localrun's start ticks (a convenience of the local runner only).
+    runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path,
+                                               start_ticks=False)).start()
     client = quiet_client(broker.service_url)
     try:
         producer = DelayedProducer(client, scheduling_topic=sched)

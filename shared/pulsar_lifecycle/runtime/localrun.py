@@ -131,6 +131,9 @@ class LocalRunOptions:
     num_instances: Optional[int] = None
     # Pulsar's Python runtime ignores negativeAckRedeliveryDelayMs and uses the client's 60 s.
     nack_redelivery_delay_ms: int = 60000
+    # Start ticks for a tickMode hold function on an external broker when no instance ran within
+    # START_TICK_AFTER_S (a dead consumer may hold its wake tick); False: only the held tick wakes it.
+    start_ticks: bool = True
 
 
 @dataclass
@@ -247,7 +250,7 @@ class LocalRunner:
         # slow what reaches the new one (scheduler/intake_gaps.py). So when an instance has
         # processed nothing START_TICK_AFTER_S after the start, ticks are sent until every one has;
         # each extra one is acked on arrival.
-        if not self.options.broker_service_url:
+        if not self.options.broker_service_url or not self.options.start_ticks:
             return  # the embedded broker started with this process: nothing is held
 
         def started() -> bool:
