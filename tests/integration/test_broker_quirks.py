@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, List, Optional, Tuple
 
 import pulsar
+import pyarrow.parquet as pq
 import pytest
 from pulsar.schema import AvroSchema, Integer, Record, String
 
@@ -27,7 +28,7 @@ from pulsar_lifecycle.dedup import recovery
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of
-from pulsar_lifecycle.spark.export import export_backlog
+from pulsar_lifecycle.spark.export import export_backlog, part_files
 from pulsar_lifecycle.subscribe import skip_consumer_ids
 from support.broker_fixtures import kind_of
 
@@ -273,6 +274,42 @@ def test_export_gets_a_killed_consumers_messages_in_its_one_pass(broker, unique,
     finally:
         client.close()
     assert killed and report.rows_written == 800
+
+
+
+def test_a_resumed_export_reads_what_a_reset_exporters_consumer_holds(broker, unique, tmp_path: Path, record_property):
+    """An export resumed after its predecessor's connection ended with a reset (stopped while the
+    broker pushed into its socket, then SIGKILLed): pulsar-lite keeps that consumer with what it
+    held, so the resumed export's consumer gets none of it and its Reader pass above the files'
+    floor exports it (unacked); Apache Pulsar redelivers it to the consumer. Either way the
+    directory ends with every message once."""
+    topic = f"{NS}/quirk-export-reset-{unique}"
+    out = tmp_path / "out"
+    client = _short_client(broker.service_url)
+    try:
+        _publish(client, topic, 100, per_entry=100)
+        first = export_backlog(client, [topic], "S", out, batch_rows=100, idle_ms=1500)
+        assert first.rows_written == 100
+        _publish(client, topic, 1100, per_entry=100, prefix="n")
+        holder = subprocess.Popen([sys.executable, "-c", HOLDER, broker.service_url, "S", "2000", "1", topic],
+                                  stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().startswith("HOLDING")
+            holder.send_signal(signal.SIGSTOP)
+            _publish(client, topic, 100, per_entry=100, prefix="late")  # pushed into the stopped socket
+            time.sleep(0.5)
+        finally:
+            holder.send_signal(signal.SIGKILL)
+            holder.wait(timeout=30)
+        resumed = export_backlog(client, [topic], "S", out, batch_rows=500, idle_ms=1500)
+    finally:
+        client.close()
+    payloads = [p for f in part_files(out) for p in pq.read_table(f, columns=["payload"]).column(0).to_pylist()]
+    _note(record_property, held_exported=resumed.held_exported, resumed_rows=resumed.rows_written)
+    assert len(payloads) == len(set(payloads)) == 1300
+    assert resumed.rows_written == 1200
+    if kind_of(broker) == "pulsar":
+        assert resumed.held_exported == 0  # redelivered to the export's consumer
 
 
 # -- consumer ids after a kill, and a second client on one subscription ------------------------------

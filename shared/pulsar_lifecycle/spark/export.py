@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
 from ..state.directory import atomic_write
+from ..subscribe import random_skip, skip_consumer_ids, subscribe_promptly
 from .backlog import EXPORT_SCHEMA, external_rows, protocol_columns
 from .errors import SparkJobError
+from .export_held import file_floors, read_held_all
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,7 @@ class ExportReport:
     files_written: int = 0
     rows_written: int = 0
     redelivered_skipped: int = 0
+    held_exported: int = 0  # read with a Reader from a killed exporter's consumer, not acked (export_held)
     seconds: float = 0.0
     files: List[str] = field(default_factory=list)
 
@@ -159,10 +162,13 @@ def _drain_pass(client: "pulsar.Client", topics: Sequence[str], subscription: st
     messages); each batch is written durably, then acked. Returns the messages received."""
     report, seen = export.report, export.seen
     # One topic: a plain consumer (a multi-topic consumer only when partitions are named).
-    consumer = client.subscribe(topics[0] if len(topics) == 1 else list(topics), subscription,
-                                consumer_type=pulsar.ConsumerType.Shared,
-                                initial_position=pulsar.InitialPosition.Earliest,
-                                receiver_queue_size=min(max(1000, batch_rows), 50_000))
+    # A killed exporter's consumer may still be registered under the id this client picks first
+    # (pulsar-lite): skip a random number of ids, and start another attempt beside one that hangs.
+    skip_consumer_ids(client, random_skip(), "non-persistent://public/default/pulsar-lifecycle-consumer-ids")
+    consumer = subscribe_promptly(lambda: client.subscribe(
+        topics[0] if len(topics) == 1 else list(topics), subscription, consumer_type=pulsar.ConsumerType.Shared,
+        initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=min(max(1000, batch_rows), 50_000)),
+        f"export {subscription}")
     total = 0
     try:
         while limit is None or total < limit:
@@ -212,16 +218,30 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     t0 = time.monotonic()
     export = ExportDir(out_dir)
     report, seen = export.report, export.seen
+    floors = file_floors(part_files(out_dir)) if report.files_before else {}
     log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
              ",".join(topics), subscription, out_dir, len(seen))
     # One consumer, until nothing arrives for idle_ms. Messages a killed exporter had received
     # but not acked go back to the subscription when the broker drops its consumer, and both
     # pulsar-lite and Apache Pulsar hand them to a consumer that is already connected
     # (tests/integration/test_broker_quirks.py): a consumer idle for idle_ms has received everything.
-    _drain_pass(client, topics, subscription, export, batch_rows, idle_ms, max_messages, on_batch)
+    total = _drain_pass(client, topics, subscription, export, batch_rows, idle_ms, max_messages, on_batch)
+    if floors and (max_messages is None or total < max_messages):
+        # Resumed after a crash: what the killed exporter's consumer still holds (export_held).
+        def is_new(msg: "pulsar.Message") -> bool:
+            mid = msg.message_id()
+            return seen.add(mid.ledger_id(), mid.entry_id(), mid.batch_index())
+
+        def export_rows(msgs: List["pulsar.Message"]) -> None:
+            path = export.write([message_row(m, topics[0]) for m in msgs])
+            log.info("event=export_batch_durable file=%s rows=%d held=true", path.name if path else None, len(msgs))
+            if on_batch is not None:
+                on_batch(len(msgs))
+
+        report.held_exported = read_held_all(client, topics, floors, is_new, export_rows, batch_rows)
     report.seconds = round(time.monotonic() - t0, 3)
-    log.info("event=export_done out=%s files=%d rows=%d skipped=%d seconds=%.1f", out_dir, report.files_written,
-             report.rows_written, report.redelivered_skipped, report.seconds)
+    log.info("event=export_done out=%s files=%d rows=%d skipped=%d held=%d seconds=%.1f", out_dir,
+             report.files_written, report.rows_written, report.redelivered_skipped, report.held_exported, report.seconds)
     return report
 
 

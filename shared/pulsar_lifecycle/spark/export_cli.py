@@ -82,3 +82,7 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
     click.echo(f"exported {report.rows_written:,} messages in {report.files_written} new files to {out_dir} "
                f"({report.files_before} files were there; {report.redelivered_skipped} already exported) "
                f"in {report.seconds:.1f} s")
+    if report.held_exported:
+        click.echo(f"{report.held_exported:,} of them were read with a Reader: a killed exporter's consumer still "
+                   "holds them (the embedded broker keeps it until it restarts). They stay on the subscription, "
+                   "unacked; a later export and the writer on the seeded store ack them as already there.")
