@@ -30,7 +30,14 @@ from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from support.broker_fixtures import broker_kinds
-from support.crash_runs import CrashBroker, crash_broker, create_partitioned_topic, start_localrun, wait_subscribed
+from support.crash_runs import (
+    CrashBroker,
+    crash_broker,
+    create_partitioned_topic,
+    start_localrun,
+    stop_all,
+    wait_subscribed,
+)
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
@@ -220,13 +227,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     finally:
         forwarded = read_forwards(tap)
         producer.close()
-        for p in procs.values():
-            p.send_signal(signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
         client.close()
         if lite is not None:
             lite.stop(remove_data=BROKER_LOG_LEVEL == "warn")  # a diagnosis keeps the broker's log

@@ -43,6 +43,7 @@ from support.crash_runs import (
     crash_broker,
     create_partitioned_topic,
     start_localrun,
+    stop_all,
     topic_stats,
     wait_subscribed,
 )
@@ -195,13 +196,7 @@ def test_writer_sigkilled_ten_times_on_a_shared_broker(request, tmp_path, unique
             left = (int(sub.get("msgBacklog", -1)), int(sub.get("unackedMessages", -1)))
     finally:
         stop.set()
-        for p in procs.values():
-            p.send_signal(signal.SIGINT)
-        for p in procs.values():
-            try:
-                p.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
         client.close()
         if lite is not None:
             lite.stop(remove_data=True)

@@ -9,6 +9,7 @@ standalone, or a test's own from `pulsar_factory` when it needs broker options o
 """
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -91,6 +92,20 @@ def sigkill(proc: "subprocess.Popen[bytes]") -> None:
     """SIGKILL a function process of the test's own and reap it."""
     proc.kill()
     proc.wait(timeout=10)
+
+
+def stop_all(procs: Iterable["subprocess.Popen[bytes]"], grace_s: float = 30.0) -> None:
+    """SIGINT every process (all at once, so their clean stops overlap), then reap each; one not
+    gone within `grace_s` is SIGKILLed."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGINT)
+    for p in procs:
+        try:
+            p.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            sigkill(p)
 
 
 # -- real Pulsar's admin REST API ------------------------------------------------------------------
