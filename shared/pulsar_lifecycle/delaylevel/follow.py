@@ -13,6 +13,7 @@ from typing import Optional, Tuple
 import pulsar
 
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, Position, last_position, position_of
+from ..readers import reader_at
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,7 @@ def find_forward(client: pulsar.Client, topic: str, start: Optional[Tuple[int, i
     end = last_position(client, topic)
     if end is None:
         return None
-    start_id = pulsar.MessageId(-1, start[0], start[1], -1) if start else pulsar.MessageId.earliest
-    reader = client.create_reader(topic, start_id, start_message_id_inclusive=True, receiver_queue_size=1000)
+    reader = reader_at(client, topic, (start[0], start[1]) if start else None)
     deadline = time.monotonic() + timeout_s
     wanted = str(seq)
     end_key = (end.ledger_id, end.entry_id)

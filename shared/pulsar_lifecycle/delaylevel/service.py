@@ -15,6 +15,7 @@ from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
 from ..partition_assignment import assign_partitions
+from ..readers import reader_at
 from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
 from ..timing.delayed_producer import DelayedProducer
@@ -319,8 +320,8 @@ class DelayLevelSyncerService:
         """The position of `topic`'s first message after `after` (None: its first), read by a
         Reader, or None when none arrives within PROBE_TIMEOUT_MS. The forwarders' gap check
         (order.py): the ids alone cannot tell what follows a ledger change or a restart."""
-        start = pulsar.MessageId.earliest if after is None else pulsar.MessageId(-1, after.ledger, after.entry, -1)
-        reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=100)
+        reader = reader_at(self.client, topic, None if after is None else (after.ledger, after.entry),
+                           receiver_queue_size=100)
         try:
             for _ in range(PROBE_MAX_READS):  # the rest of the frontier's batch comes first
                 pos = position_of(reader.read_next(PROBE_TIMEOUT_MS).message_id(), with_size=True)
@@ -336,8 +337,7 @@ class DelayLevelSyncerService:
         """`topic`'s messages after `after` (None: from its first) and before `until`, in order,
         read by a Reader of its own (at most GAP_READ_MAX; stops after PROBE_TIMEOUT_MS without a
         message). The forwarders' gap read (forwarder.py `_read_the_gap`)."""
-        start = pulsar.MessageId.earliest if after is None else pulsar.MessageId(-1, after.ledger, after.entry, -1)
-        reader = self.client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=1000)
+        reader = reader_at(self.client, topic, None if after is None else (after.ledger, after.entry))
         found: List[pulsar.Message] = []
         try:
             while len(found) < GAP_READ_MAX:

@@ -53,6 +53,7 @@ import pulsar
 
 from ..bucket.positions import encode
 from ..clock import wall_clock_ms
+from ..readers import close_quietly, reader_at
 from ..topics import TopicName
 from .intake import Invalid, classify
 from .service import IntakeBatch, Pending
@@ -298,7 +299,7 @@ class IntakeGaps:
             taken = _Taken(start)
             self._take(reader, taken, stop=stop, end=end, wait_ms=READ_TIMEOUT_MS)
         finally:
-            _close_quietly(reader, self.topic)
+            close_quietly(reader, self.topic)
         last_complete = taken.last_complete
         if taken.reached:
             last_complete = stop
@@ -326,7 +327,7 @@ class IntakeGaps:
     def _stop_follower(self, why: str) -> None:
         if self._follower is None:
             return
-        _close_quietly(self._follower, self.topic)
+        close_quietly(self._follower, self.topic)
         self._follower = None
         log.info("event=intake_follower_stopped topic=%s frontier=%s reason=%s", self.topic,
                  self.frontier.frontier, why)
@@ -362,9 +363,7 @@ class IntakeGaps:
 
     # -- shared ----------------------------------------------------------------------------------------
     def _reader_at(self, start: Entry) -> Any:
-        return self._client.create_reader(
-            self.topic, pulsar.MessageId(self._partition, start[0], start[1], -1),
-            start_message_id_inclusive=True, receiver_queue_size=1000)
+        return reader_at(self._client, self.topic, start, partition=self._partition)
 
     def _take(self, reader: Any, taken: "_Taken", stop: Optional[Entry], end: Optional[Entry], wait_ms: int) -> None:
         """Read from `reader` until the handled entry `stop`, past the topic's last entry `end`,
@@ -450,13 +449,6 @@ class _Taken:
     invalid: int = 0
     found: List[Pending] = field(default_factory=list)
     seen: Set[Tuple[int, int]] = field(default_factory=set)
-
-
-def _close_quietly(reader: Any, topic: str) -> None:
-    try:
-        reader.close()
-    except Exception as exc:  # a Reader's subscription is its own: nothing waits on it
-        log.debug("event=intake_gap_reader_close_failed topic=%s error=%r", topic, exc)
 
 
 def _last_entry(consumer: Any) -> Optional[Entry]:

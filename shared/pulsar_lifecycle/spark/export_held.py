@@ -31,11 +31,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import pulsar
 import pyarrow.parquet as pq
 
+from ..readers import Entry, close_quietly, has_more, reader_at
 from ..topics import TopicName, TopicNameError
 
 log = logging.getLogger(__name__)
 
-Entry = Tuple[int, int]  # (ledger id, entry id)
 READ_WAIT_MS = 2000  # a Reader that says more is available but gives nothing for this long has stalled
 
 
@@ -60,25 +60,17 @@ def file_floors(files: Sequence[Path]) -> Dict[str, Entry]:
     return floors
 
 
-def _more(reader: Any) -> bool:
-    try:
-        return bool(reader.has_message_available())
-    except pulsar.UnknownError:  # pulsar-lite: "Topic has no messages"
-        return False
-
-
 def read_held(client: "pulsar.Client", topic: str, floor: Entry, is_new: Callable[[Any], bool],
               export_rows: Callable[[List[Any]], None], batch_rows: int) -> Tuple[int, int]:
     """Read `topic` from the entry `floor` (inclusive) to its end with a Reader; every message for
     which `is_new(msg)` is true goes to `export_rows` (in lists of at most `batch_rows`).
     Returns (messages read, messages exported)."""
     partition = TopicName.from_client(topic).partition_index
-    reader = client.create_reader(topic, pulsar.MessageId(partition, floor[0], floor[1], -1),
-                                  start_message_id_inclusive=True, receiver_queue_size=1000)
+    reader = reader_at(client, topic, floor, partition=partition)
     read, found = 0, 0
     pending: List[Any] = []
     try:
-        while _more(reader):
+        while has_more(reader):
             try:
                 msg = reader.read_next(timeout_millis=READ_WAIT_MS)
             except pulsar.Timeout:
@@ -97,10 +89,7 @@ def read_held(client: "pulsar.Client", topic: str, floor: Entry, is_new: Callabl
         if pending:
             export_rows(pending)
     finally:
-        try:
-            reader.close()
-        except Exception as exc:  # the Reader is non-durable: nothing is lost when its close fails
-            log.debug("event=export_held_reader_close_failed topic=%s error=%r", topic, exc)
+        close_quietly(reader, topic)
     return read, found
 
 

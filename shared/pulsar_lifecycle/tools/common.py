@@ -8,6 +8,7 @@ from typing import Any, Optional, Tuple
 import pulsar
 
 from ..exceptions import PulsarLifecycleError
+from ..readers import has_more, reader_at
 from ..state import StateStore, open_state_store
 from ..state.base import table_namespace
 
@@ -44,20 +45,10 @@ def open_state_reader(spec: Any, data_dir: Path, state_url: Optional[str]) -> Op
     return open_state_store(None, Path(data_dir) / "state", spec.tenant, spec.namespace, spec.name)
 
 
-def has_more(reader: pulsar.Reader) -> bool:
-    """Whether `reader` has a message left before the topic's end."""
-    try:
-        return reader.has_message_available()
-    except pulsar.UnknownError:
-        # pulsar-lite answers the last-message-id request of a topic with no messages with
-        # UnknownError ("Topic has no messages"): nothing to read.
-        return False
-
-
 def count_stored(client: pulsar.Client, topic: str, limit: int, timeout_s: float) -> Tuple[int, bool]:
     """(messages stored on `topic`, stopped at `limit`?), counted with a non-durable Reader from the
     earliest message to the last one the broker reports; acknowledges nothing."""
-    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1000)
+    reader = reader_at(client, topic, None)
     count = 0
     deadline = time.monotonic() + timeout_s
     try:

@@ -33,9 +33,10 @@ from ..delaylevel.config import SyncerConfig, parse_syncer_config
 from ..delaylevel.errors import ParkedMessageError
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
+from ..readers import has_more, reader_at
 from ..scheduler.context_state import ContextStateStore
 from ..state import StateStore
-from .common import InspectError, StateReader, has_more
+from .common import InspectError, StateReader
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +132,7 @@ def forwarded_watermarks(client: pulsar.Client, state: Optional[ContextStateStor
 def _read_partition(client: pulsar.Client, topic: str, k: int, after: Optional[Tuple[int, int, int]], cfg: SyncerConfig,
                     count_limit: int, timeout_s: float) -> Tuple[int, bool, Optional[Dict[str, str]]]:
     """(messages after `after`, count truncated?, properties of the first of them)."""
-    start = pulsar.MessageId(-1, after[0], after[1], -1) if after is not None else pulsar.MessageId.earliest
-    reader = client.create_reader(topic, start, start_message_id_inclusive=True, receiver_queue_size=1000)
+    reader = reader_at(client, topic, (after[0], after[1]) if after is not None else None)
     count, head = 0, None
     deadline = time.monotonic() + timeout_s
     try:
