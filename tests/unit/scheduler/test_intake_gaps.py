@@ -276,40 +276,35 @@ def test_a_new_index_reads_no_gaps():
     assert g.read_if_due(FakeConsumer((1, 4)), idle=True) is None and not client.readers and not state.writes
 
 
-def test_a_starved_consumer_has_the_topic_read_beyond_its_frontier(monkeypatch: pytest.MonkeyPatch):
-    # pulsar-lite: dead consumers that keep their permits make the live one's dispatch a trickle.
+def _looked_once(monkeypatch: pytest.MonkeyPatch, msgs: list, consumer_last: Tuple[int, int]):
+    """Gaps over `msgs` with the floor entry (1, 10) handled, after a first look at the topic's end
+    and LAG_S (shortened) later: (gaps, client, consumer)."""
     monkeypatch.setattr(ig, "LAG_S", 0.05)
-    msgs = batch_entry(1, 10, 1) + batch_entry(1, 11, 2) + batch_entry(1, 12, 2)
-    g, _client, _state = gaps_over(msgs, {(1, encode(10, 0))}, last=(1, 10))
+    g, client, _state = gaps_over(msgs, {(1, encode(10, 0))}, last=(1, 10))
     g.handled([(1, 10)])  # the floor entry itself came: no start gap
-    consumer = FakeConsumer((1, 12))
+    consumer = FakeConsumer(consumer_last)
     assert g.read_if_due(consumer, idle=False) is None  # the first look at the end: nothing to compare
     time.sleep(0.06)
+    return g, client, consumer
+
+
+def test_a_starved_consumer_has_the_topic_read_beyond_its_frontier(monkeypatch: pytest.MonkeyPatch):
+    # pulsar-lite: dead consumers that keep their permits make the live one's dispatch a trickle.
+    g, _client, consumer = _looked_once(monkeypatch, batch_entry(1, 10, 1) + batch_entry(1, 11, 2)
+                                        + batch_entry(1, 12, 2), (1, 12))
     batch = g.read_if_due(consumer, idle=False)  # still not at the end seen LAG_S ago: starved
     assert batch is not None and len(batch.items) == 4
 
 
 def test_a_consumer_giving_full_batches_is_not_starved(monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ig, "LAG_S", 0.05)
-    msgs = batch_entry(1, 10, 1) + batch_entry(1, 11, 2)
-    g, client, _state = gaps_over(msgs, {(1, encode(10, 0))}, last=(1, 10))
-    g.handled([(1, 10)])
-    consumer = FakeConsumer((1, 11))
-    assert g.read_if_due(consumer, idle=False) is None
-    time.sleep(0.06)
+    g, client, consumer = _looked_once(monkeypatch, batch_entry(1, 10, 1) + batch_entry(1, 11, 2), (1, 11))
     g.saturated()  # the intake is the bottleneck, not the broker's dispatch
     assert g.read_if_due(consumer, idle=False) is None and not client.readers
 
 
 def test_a_follower_keeps_reading_while_the_consumer_stays_starved_and_stops_when_it_catches_up(
         monkeypatch: pytest.MonkeyPatch):
-    monkeypatch.setattr(ig, "LAG_S", 0.05)
-    msgs = batch_entry(1, 10, 1) + batch_entry(1, 11, 2)
-    g, client, _state = gaps_over(msgs, {(1, encode(10, 0))}, last=(1, 10))
-    g.handled([(1, 10)])
-    consumer = FakeConsumer((1, 11))
-    assert g.read_if_due(consumer, idle=False) is None
-    time.sleep(0.06)
+    g, client, consumer = _looked_once(monkeypatch, batch_entry(1, 10, 1) + batch_entry(1, 11, 2), (1, 11))
     first = g.read_if_due(consumer, idle=False)
     assert first is not None and len(first.items) == 2 and len(client.readers) == 1
     first.ack()
