@@ -373,7 +373,8 @@ def test_messages_another_consumer_holds_are_read_and_forwarded_first_and_once(e
     assert [m.data() for m in got] == [f"m{i}".encode() for i in range(8)]
     other.close()  # m0 goes back to the subscription (unless the forwarder's ack by position took it)
     assert drain(client, topics["sched"], "check", expect=1, timeout=3) == []  # no copy
-    assert service.metrics()["pulsar_delay_level_duplicates_total"] <= 1
+    # Copies received later (the holder's, and under load the broker's redeliveries) are dropped.
+    assert service.metrics()["pulsar_delay_level_forwarded_total"] == 8
 
 
 def test_a_restart_after_a_cancel_starts_its_order_after_the_cancelled_position(env):
@@ -386,8 +387,8 @@ def test_a_restart_after_a_cancel_starts_its_order_after_the_cancelled_position(
     producer.cancel(cancelled)
     user = {"lookaheadMillis": 30_000, "partitionDiscoverySeconds": 0}  # due as soon as read
     service = env.start(**user)
-    got = drain(client, topics["sched"], "check", expect=1, timeout=10)
-    assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancelled_total"] == 1, timeout=10)
+    got = drain(client, topics["sched"], "check", expect=1, timeout=30)
+    assert wait_for(lambda: service.metrics()["pulsar_delay_level_cancelled_total"] == 1, timeout=30)
     service.stop()
     assert (first.partition, cancelled.partition) == (0, 0)
     producer.send(b"c", delay_ms=2100)
