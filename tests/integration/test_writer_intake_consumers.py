@@ -44,7 +44,9 @@ def _take_all(source: SchedulingConsumer, want: Set[bytes], timeout_s: float) ->
         batch = source.take()
         if batch is None:
             continue
-        got.update(p.payload for p in batch.items)
+        adds, others = batch.split()
+        got.update(m.payload for m in adds)
+        got.update(p.payload for p in others)
         batch.ack()
     return got
 

@@ -252,8 +252,10 @@ class BucketIndex:
         with self._write_lock:
             self._check_usable()
             seen = self._seen.contains
-            # A tombstone of a position never seen: its cancel came first, drop the add.
-            cancelled_early = self._tombstones.contains
+            # A tombstone of a position never seen: its cancel came first, drop the add. With no
+            # tombstones (the usual case; only cancel() adds one, and it waits for this lock) the
+            # check per message is skipped.
+            cancelled_early = self._tombstones.contains if len(self._tombstones) else None
             batch: List[Tuple[int, DelayedMessage]] = []
             batch_ids: Set[Tuple[int, int]] = set()
             max_ledger = mutable.end
@@ -261,7 +263,8 @@ class BucketIndex:
             seal_failed = False  # after a failed seal, do not retry for every message of the call
             for i, m in enumerate(msgs):
                 ident = (m.ledger_id, m.entry_id)
-                if ident in batch_ids or seen(m.ledger_id, m.entry_id) or cancelled_early(m.ledger_id, m.entry_id):
+                if ident in batch_ids or seen(m.ledger_id, m.entry_id) or (
+                        cancelled_early is not None and cancelled_early(m.ledger_id, m.entry_id)):
                     continue
                 if (m.ledger_id > max_ledger and mutable_count + len(batch) >= min_index and not seal_failed
                         and self._pulsar_seal_due(m.ledger_id, max_ledger, mutable_count + len(batch))):

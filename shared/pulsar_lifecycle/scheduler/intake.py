@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
 from ..bucket import positions
-from ..bucket.records import DelayedMessage
+from ..bucket.records import DelayedMessage, index_id
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
@@ -18,6 +18,8 @@ from ..scheduling_protocol import (
 )
 
 DEDUP_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
+# Properties a release does not inherit from its scheduling message.
+_NOT_KEPT = frozenset((TARGET_PROP, BATCH_INDEX_PROP) + DEDUP_PROPERTIES)
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ def classify(
 ) -> Intake:
     """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
     ledger, entry, partition, batch_index = position
-    index_entry = positions.encode(entry, batch_index)
+    index_entry = index_id(entry, batch_index)  # positions.encode
     if index_entry is None:
         return Invalid(f"message {ledger}:{entry}:{batch_index} is beyond the index's position range "
                        f"(entry <= {positions.MAX_INDEXABLE_ENTRY_ID}, batch index <= {positions.MAX_BATCH_INDEX})")
@@ -74,8 +76,11 @@ def classify(
         return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix (allowed: {list(allowed_target_prefixes)})")
     # An upstream DedupPublisher's own properties (e.g. the delay-level syncer's forwards) are
     # not the release's: the release publisher adds its own and refuses foreign ones.
-    props = {k: v for k, v in properties.items()
-             if k != TARGET_PROP and k != BATCH_INDEX_PROP and k not in DEDUP_PROPERTIES}
+    # (The common message carries none of them: then a plain copy, without a test per property.)
+    if _NOT_KEPT.isdisjoint(properties):
+        props = dict(properties)
+    else:
+        props = {k: v for k, v in properties.items() if k not in _NOT_KEPT}
     if batch_index == 0:  # the index id cannot tell batch index 0 from "not batched": keep it
         props[BATCH_INDEX_PROP] = "0"
     return DelayedMessage(ledger_id=ledger, entry_id=index_entry, partition=partition, deliver_at=deliver_at,

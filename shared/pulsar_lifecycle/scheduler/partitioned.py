@@ -38,10 +38,10 @@ class FencedPublisher:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def publish_many(self, topic: str, messages: Any) -> Any:
+    def publish_many(self, topic: str, messages: Any, **kwargs: Any) -> Any:
         """Check the lease, then DedupPublisher.publish_many."""
         self._check()
-        return self.inner.publish_many(topic, messages)
+        return self.inner.publish_many(topic, messages, **kwargs)
 
     def publish(self, topic: str, *args: Any, **kwargs: Any) -> Any:
         """Check the lease, then DedupPublisher.publish."""

@@ -35,6 +35,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 import pulsar
 
 from .. import native_consumer
+from ..bucket.records import DelayedMessage
 from ..clock import wall_clock_ms
 from ..stall_watchdog import StallWatchdog
 from ..subscribe import subscribe_promptly
@@ -132,7 +133,7 @@ class SchedulingConsumer:
         if gaps is not None and len(msgs) >= self.sub.batch_size:
             gaps.saturated()
         entries: List[Entry] = []
-        items = self._classify_all(msgs, wall_clock_ms(), entries)
+        adds, others = self._classify_all(msgs, wall_clock_ms(), entries)
         if self.watchdog is not None:
             self.watchdog.flowing()
 
@@ -140,16 +141,20 @@ class SchedulingConsumer:
             if gaps is not None:
                 gaps.handled(entries)
             self._acker.submit(consumer, msgs)
-        return IntakeBatch(items, ack)
+        return IntakeBatch(others, ack, adds)
 
-    def _classify_all(self, msgs: Sequence[Any], now: int, entries: List[Entry]) -> List[Pending]:
-        """`Pending` items of a received batch, in order (a plain loop with the lookups hoisted:
-        it runs once per scheduling message); the watchdog sees the batch's furthest position,
-        `entries` gets the batch's entries (ledger, entry) in the order they came."""
+    def _classify_all(self, msgs: Sequence[Any], now: int,
+                      entries: List[Entry]) -> Tuple[List[DelayedMessage], List[Pending]]:
+        """A received batch classified: (its index items in order, its cancels and refusals in
+        order, with their payload and properties). A plain loop with the lookups hoisted and no
+        object per message beyond classify's own: it runs once per scheduling message. The
+        watchdog sees the batch's furthest position; `entries` gets the batch's entries (ledger,
+        entry) in the order they came."""
         sub = self.sub
         max_delay_ms, prefixes = sub.max_delay_ms, sub.allowed_target_prefixes
-        items: List[Pending] = []
-        furthest: Optional[Tuple[int, int]] = None
+        adds: List[DelayedMessage] = []
+        others: List[Pending] = []
+        add = adds.append
         last_ledger = last_entry = -1
         for msg in msgs:
             props = msg.properties()
@@ -159,18 +164,20 @@ class SchedulingConsumer:
             if entry != last_entry or ledger != last_ledger:  # a batch entry's messages come together
                 last_ledger, last_entry = ledger, entry
                 entries.append((ledger, entry))
-            if furthest is None or (ledger, entry) > furthest:
-                furthest = (ledger, entry)
             item = classify(
                 payload=payload, properties=props, key=msg.partition_key() or None,
                 event_time=msg.event_timestamp(),
                 position=(ledger, entry, mid.partition(), mid.batch_index()),
                 now_ms=now, max_delay_ms=max_delay_ms, allowed_target_prefixes=prefixes,
             )
-            items.append(Pending(item, None, payload, props))
-        if self.watchdog is not None and furthest is not None:
-            self.watchdog.seen(*furthest)  # it keeps the furthest position seen
-        return items
+            if type(item) is DelayedMessage:
+                add(item)
+            else:
+                others.append(Pending(item, None, payload, props))
+        if self.watchdog is not None and entries:
+            # Every message's (ledger, entry) is in `entries`: their maximum is the furthest.
+            self.watchdog.seen(*max(entries))  # it keeps the furthest position seen
+        return adds, others
 
     def close(self) -> None:
         """Ack what was handed to the acker, then close the consumer; what it received but did not

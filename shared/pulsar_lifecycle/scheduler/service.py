@@ -70,10 +70,30 @@ class Pending:
 
 @dataclass
 class IntakeBatch:
-    """Scheduling messages made durable together; `ack` acknowledges all their source messages."""
+    """Scheduling messages made durable together; `ack` acknowledges all their source messages.
+
+    Without `adds`, `items` holds every message of the batch. With `adds` (the direct consumer:
+    no `Pending` per scheduling message), `adds` holds the batch's index items in order and
+    `items` only its cancels and refusals, in order; the intake thread adds before it cancels
+    either way.
+    """
 
     items: List[Pending]
     ack: Callable[[], None]
+    adds: Optional[List[DelayedMessage]] = None
+
+    def __len__(self) -> int:
+        """The scheduling messages of the batch."""
+        return len(self.items) + (len(self.adds) if self.adds is not None else 0)
+
+    def split(self) -> Tuple[List[DelayedMessage], List[Pending]]:
+        """(index items in order, the other items in order)."""
+        if self.adds is not None:
+            return self.adds, self.items
+        adds = [p.item for p in self.items if type(p.item) is DelayedMessage]
+        if len(adds) == len(self.items):
+            return adds, []
+        return adds, [p for p in self.items if type(p.item) is not DelayedMessage]
 
 
 class IntakeSource(Protocol):
@@ -279,22 +299,21 @@ class SchedulerService:
             batch = self._queue.take(0) if self._source is not self._queue else None
             if batch is None:
                 batch = self._source.take()
-            if batch is None or not batch.items:
+            if batch is None or not len(batch):
                 self.engine.maybe_seal(self.clock())
                 continue
-            adds = [p.item for p in batch.items if type(p.item) is DelayedMessage]
+            adds, others = batch.split()
             if adds:
                 self.engine.add(adds)  # durable when it returns
-            if len(adds) != len(batch.items):
-                for p in batch.items:
-                    if isinstance(p.item, Cancel):
-                        result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
-                        log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id,
-                                 p.item.entry_id, getattr(result, "name", result))
-                    elif isinstance(p.item, Invalid):
-                        self._send_invalid(p)
+            for p in others:
+                if isinstance(p.item, Cancel):
+                    result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
+                    log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id,
+                             p.item.entry_id, getattr(result, "name", result))
+                elif isinstance(p.item, Invalid):
+                    self._send_invalid(p)
             batch.ack()
-            self.received += len(batch.items)
+            self.received += len(batch)
             self.engine.maybe_seal(self.clock())
             with self._wake:
                 self._wake.notify_all()
@@ -366,7 +385,9 @@ class SchedulerService:
             out.append(OutMessage(m.payload, r.seq, props, m.key, m.event_time or None))
             outstanding.append((r.seq, target))
         for target, out in by_topic.items():
-            self.publisher.publish_many(target, out)
+            # The properties dicts were built above, str -> str (validated when added, or a decoded
+            # protobuf map): handed over, not copied and checked again.
+            self.publisher.publish_many(target, out, properties_owned=True)
             self.released += len(out)
 
     def _advance_commit(self) -> None:

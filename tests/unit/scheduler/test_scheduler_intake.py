@@ -96,3 +96,97 @@ def test_batch_index_zero_is_kept_with_the_item_and_a_foreign_marker_is_dropped(
     assert first.entry_id == plain.entry_id == positions.encode(3, -1)
     assert first.properties == {DELIVER_AT_PROP: str(NOW), BATCH_INDEX_PROP: "0"}
     assert plain.properties == {DELIVER_AT_PROP: str(NOW)}
+
+
+def test_an_items_properties_are_a_copy_of_the_messages():
+    props = {DELIVER_AT_PROP: str(NOW), "app": "x"}
+    item = run(props)
+    assert item.properties == props and item.properties is not props
+
+
+class _MsgId:
+    def __init__(self, ledger: int, entry: int, batch: int) -> None:
+        self._pos = (ledger, entry, batch)
+
+    def ledger_id(self) -> int:
+        return self._pos[0]
+
+    def entry_id(self) -> int:
+        return self._pos[1]
+
+    def partition(self) -> int:
+        return -1
+
+    def batch_index(self) -> int:
+        return self._pos[2]
+
+
+class _Msg:
+    """The accessors of a received (native) message the direct consumer calls."""
+
+    def __init__(self, ledger: int, entry: int, batch: int, props: dict, payload: bytes) -> None:
+        self._id, self._props, self._payload = _MsgId(ledger, entry, batch), props, payload
+
+    def properties(self) -> dict:
+        return dict(self._props)
+
+    def data(self) -> bytes:
+        return self._payload
+
+    def message_id(self) -> _MsgId:
+        return self._id
+
+    def partition_key(self) -> str:
+        return ""
+
+    def event_timestamp(self) -> int:
+        return 0
+
+
+class _Watchdog:
+    def __init__(self) -> None:
+        self.seen_at: list = []
+
+    def seen(self, ledger: int, entry: int) -> None:
+        self.seen_at.append((ledger, entry))
+
+
+def test_the_direct_consumer_classifies_a_batch_into_items_and_the_rest_in_order():
+    from pulsar_lifecycle.scheduler.scheduling_consumer import SchedulingConsumer, SchedulingSubscription
+    from pulsar_lifecycle.scheduler.service import IntakeBatch
+
+    consumer = object.__new__(SchedulingConsumer)  # no broker: only the classification
+    consumer.sub = SchedulingSubscription("t", "s", 500, 5, 86_400_000, PREFIXES)
+    consumer.watchdog = _Watchdog()
+    msgs = [_Msg(7, 3, 0, {DELIVER_AT_PROP: str(NOW)}, b"a"),
+            _Msg(7, 3, 1, {"app": "no deliver-at"}, b"b"),
+            _Msg(7, 4, 0, {CANCEL_PROP: "7:3:0"}, b"c"),
+            _Msg(6, 9, -1, {DELIVER_AT_PROP: str(NOW + 1)}, b"d"),
+            _Msg(7, 4, 1, {DELIVER_AT_PROP: str(NOW + 2)}, b"e")]
+    entries: list = []
+    adds, others = consumer._classify_all(msgs, NOW, entries)
+    assert [m.payload for m in adds] == [b"a", b"d", b"e"]
+    assert [m.entry_id for m in adds] == [positions.encode(3, 0), positions.encode(9, -1), positions.encode(4, 1)]
+    assert [type(p.item) for p in others] == [Invalid, Cancel]
+    assert [(p.payload, p.properties) for p in others] == [(b"b", {"app": "no deliver-at"}),
+                                                           (b"c", {CANCEL_PROP: "7:3:0"})]
+    assert entries == [(7, 3), (7, 4), (6, 9), (7, 4)]
+    assert consumer.watchdog.seen_at == [(7, 4)]  # the furthest position of the batch
+
+    acked = []
+    batch = IntakeBatch(others, lambda: acked.append(True), adds)
+    assert len(batch) == 5 and batch.split() == (adds, others)
+    batch.ack()
+    assert acked == [True]
+
+
+def test_an_intake_batch_of_pending_items_splits_into_items_and_the_rest():
+    from pulsar_lifecycle.scheduler.service import IntakeBatch, Pending
+
+    item = run({DELIVER_AT_PROP: str(NOW)})
+    refused = Pending(Invalid("bad"), None, b"x", {})
+    both = IntakeBatch([Pending(item), refused], lambda: None)
+    assert len(both) == 2 and both.split() == ([item], [refused])
+    only_items = IntakeBatch([Pending(item)], lambda: None)
+    assert only_items.split() == ([item], [])
+    assert len(IntakeBatch([], lambda: None, [])) == 0
