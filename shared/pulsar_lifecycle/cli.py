@@ -5,7 +5,7 @@ import logging
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
@@ -30,6 +30,41 @@ class _OneLineErrors(click.Group):
             raise click.ClickException(one_line_error(exc)) from exc
 
 
+# Feature groups live with their features and are imported when named (or listed by --help):
+# importing them all took ~0.35 s of every command's start, `localrun` included (requests, rich,
+# Spark's helpers), which a writer restart waits out before its first release. A group whose
+# module is missing is left out; the others work.
+OPTIONAL_GROUPS = {
+    "deletion": ("pulsar_lifecycle.deletion.cli", "deletion"),
+    "demo": ("pulsar_lifecycle.demo", "demo"),
+    "spark": ("pulsar_lifecycle.spark.cli", "spark"),
+    "export-backlog": ("pulsar_lifecycle.spark.export_cli", "export_backlog"),
+    "inspect": ("pulsar_lifecycle.tools.inspect_cli", "inspect_group"),
+    "delayed": ("pulsar_lifecycle.tools.delayed_cli", "delayed"),
+    "up": ("pulsar_lifecycle.tools.up_cli", "up"),
+}
+
+
+class _MainGroup(_OneLineErrors):
+    """The top-level group: its own commands, and the feature groups of OPTIONAL_GROUPS loaded on use."""
+
+    def list_commands(self, ctx: click.Context) -> List[str]:
+        return sorted(set(super().list_commands(ctx)) | set(OPTIONAL_GROUPS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
+        cmd = super().get_command(ctx, cmd_name)
+        if cmd is None and cmd_name in OPTIONAL_GROUPS:
+            import importlib
+
+            module, attr = OPTIONAL_GROUPS[cmd_name]
+            try:
+                cmd = getattr(importlib.import_module(module), attr)
+            except (ImportError, AttributeError):
+                return None
+            self.add_command(cmd, cmd_name)
+        return cmd
+
+
 def one_line_error(exc: BaseException) -> str:
     """`exc` as one line: the package's own errors as they are, others with their type."""
     from .exceptions import PulsarLifecycleError
@@ -40,7 +75,7 @@ def one_line_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
-@click.group(cls=_OneLineErrors, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_MainGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--log-level", default="INFO", show_default=True,
               type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False))
 def main(log_level: str) -> None:
@@ -240,25 +275,6 @@ def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instance
         client.close()
     click.echo(f"sent {sent} tick(s) to {tick_topic}")
 
-
-def _register_optional_groups() -> None:
-    # Feature groups live with their features; a missing one must not break the others.
-    import importlib
-
-    for module, attr in (("pulsar_lifecycle.deletion.cli", "deletion"), ("pulsar_lifecycle.demo", "demo"),
-                         ("pulsar_lifecycle.spark.cli", "spark"),
-                         ("pulsar_lifecycle.spark.export_cli", "export_backlog"),
-                         ("pulsar_lifecycle.tools.inspect_cli", "inspect_group"),
-                         ("pulsar_lifecycle.tools.delayed_cli", "delayed"),
-                         ("pulsar_lifecycle.tools.up_cli", "up")):
-        try:
-            cmd = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError):
-            continue
-        main.add_command(cmd)
-
-
-_register_optional_groups()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

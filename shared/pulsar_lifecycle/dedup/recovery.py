@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 
 PRODUCER_PROPERTY = "__pl_producer__"
 SEQUENCE_PROPERTY = "__pl_seq__"
-# How long to wait for the rest of the last entry's batch once its first message was read.
+# How long to wait for the rest of the last entry's batch once its first message was read, when
+# its size is unknown: pulsar-lite reports a batch entry's last message id with batch index -1.
+# Apache Pulsar reports the entry's largest batch index (and a single message reads with -1), so
+# there the replay ends with the entry's last message, without this wait.
 END_DRAIN_MS = 200
 # A replay that gets no message for READ_STALL_S (not at the end) restarts its reader; each
 # restart doubles the wait (1, 2, 4, 8, 16 s). It was 5 s flat: a syncer start waits for every
@@ -187,8 +190,11 @@ def read_tail(
             if on_message(msg):
                 matched += 1
             if key >= end_key:
-                # The last entry may be a batch: keep reading its remaining messages, which the
-                # client has already queued, then stop.
+                batch_index = mid.batch_index()
+                if key == end_key and (batch_index < 0 or 0 <= end.batch_index <= batch_index):
+                    break  # the last entry's last message (a single message, or the batch's last index)
+                # The last entry may be a batch of unknown size: keep reading its remaining
+                # messages, which the client has already queued, then stop.
                 at_end = True
     finally:
         reader.close()
