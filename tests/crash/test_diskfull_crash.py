@@ -39,10 +39,11 @@ def _config(tmp_path: Path, unique: str) -> tuple:
     # No snapshotDir: the index lives in --data-dir, on the small filesystem with everything else.
     # Large, slow intake batches: when the disk fills, the writer still holds a batch of messages
     # the broker has confirmed but the index has not journaled yet (the lost messages).
-    # 10 s to fill a batch of 2000 (more than the first third): the disk is filled right after the
-    # first third is confirmed, well within that time even on a loaded machine.
+    # 15 s to fill a batch of 2000 (more than the first third): the disk is filled right after the
+    # first third is confirmed, well within that time even on a loaded machine; the test waits for
+    # the window to close on the full disk before its SIGKILL.
     cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, tickTimeMillis=200, tickMode="runner",
-                             ingestBatchSize=2000, ingestBatchDelayMillis=10_000)
+                             ingestBatchSize=2000, ingestBatchDelayMillis=15_000)
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path, sched, out
@@ -106,7 +107,10 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp
         wait_for(lambda: done[0] >= N, timeout=15)
         before_kill = len(confirmed)
         disk.fill()  # whatever was freed meanwhile is taken again
-        time.sleep(1.0)
+        # The kill lands once the writer's batch window has closed on the full disk: a broker that
+        # refuses the sends at once leaves the test here well before the window ends.
+        wait_for(lambda: "event=scheduler_persist_failed" in log.read_text(errors="replace"), timeout=40)
+        time.sleep(0.5)
         proc.send_signal(signal.SIGKILL)  # crash while the disk is full
         proc.wait(timeout=30)
         _close_in_background(client)
