@@ -8,36 +8,19 @@ import pulsar
 from pulsar_lifecycle.dedup import recovery
 
 
-class _Id:
-    def __init__(self, ledger: int, entry: int, batch: int) -> None:
-        self._v = (ledger, entry, batch)
-
-    def ledger_id(self) -> int:
-        return self._v[0]
-
-    def entry_id(self) -> int:
-        return self._v[1]
-
-    def batch_index(self) -> int:
-        return self._v[2]
-
-    def partition(self) -> int:
-        return -1
-
-
 class _Msg:
-    def __init__(self, mid: _Id) -> None:
+    def __init__(self, mid: pulsar.MessageId) -> None:
         self._mid = mid
 
-    def message_id(self) -> _Id:
+    def message_id(self) -> pulsar.MessageId:
         return self._mid
 
 
 class _Probe:
-    def __init__(self, last: _Id) -> None:
+    def __init__(self, last: pulsar.MessageId) -> None:
         self._last = last
 
-    def get_last_message_id(self) -> _Id:
+    def get_last_message_id(self) -> pulsar.MessageId:
         return self._last
 
     def unsubscribe(self) -> None:
@@ -63,10 +46,10 @@ class _Client:
     """The topic holds `entries` (ledger, entry, batch size; size 0: a message outside a batch)."""
 
     def __init__(self, entries: List[Tuple[int, int, int]], reported_batch_index: int) -> None:
-        self.msgs = [_Msg(_Id(ledger, entry, i)) for ledger, entry, size in entries
+        self.msgs = [_Msg(pulsar.MessageId(-1, ledger, entry, i)) for ledger, entry, size in entries
                      for i in (range(size) if size else [-1])]
         ledger, entry, _size = entries[-1]
-        self._last = _Id(ledger, entry, reported_batch_index)
+        self._last = pulsar.MessageId(-1, ledger, entry, reported_batch_index)
         self.waits: List[int] = []
 
     def subscribe(self, *_a: Any, **_k: Any) -> _Probe:

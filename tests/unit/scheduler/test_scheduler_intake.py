@@ -1,6 +1,7 @@
 """Classifying scheduling messages, and choosing the intake, without a broker."""
 from __future__ import annotations
 
+import pulsar
 import pytest
 
 from pulsar_lifecycle.bucket import positions
@@ -104,28 +105,11 @@ def test_an_items_properties_are_a_copy_of_the_messages():
     assert item.properties == props and item.properties is not props
 
 
-class _MsgId:
-    def __init__(self, ledger: int, entry: int, batch: int) -> None:
-        self._pos = (ledger, entry, batch)
-
-    def ledger_id(self) -> int:
-        return self._pos[0]
-
-    def entry_id(self) -> int:
-        return self._pos[1]
-
-    def partition(self) -> int:
-        return -1
-
-    def batch_index(self) -> int:
-        return self._pos[2]
-
-
 class _Msg:
     """The accessors of a received (native) message the direct consumer calls."""
 
     def __init__(self, ledger: int, entry: int, batch: int, props: dict, payload: bytes) -> None:
-        self._id, self._props, self._payload = _MsgId(ledger, entry, batch), props, payload
+        self._id, self._props, self._payload = pulsar.MessageId(-1, ledger, entry, batch), props, payload
 
     def properties(self) -> dict:
         return dict(self._props)
@@ -133,7 +117,7 @@ class _Msg:
     def data(self) -> bytes:
         return self._payload
 
-    def message_id(self) -> _MsgId:
+    def message_id(self) -> pulsar.MessageId:
         return self._id
 
     def partition_key(self) -> str:
