@@ -26,11 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from ..readers import Entry
 from ..state.directory import atomic_write
 from ..subscribe import random_skip, skip_consumer_ids, subscribe_promptly
 from .backlog import EXPORT_SCHEMA, external_rows, protocol_columns
 from .errors import SparkJobError
-from .export_held import file_floors, read_held_all
+from .export_held import raise_floor, read_held_all
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,12 @@ _BATCH_BITS = 16  # position key in a per-ledger 64-bit bitmap: entry << 16 | (b
 
 class ExportedPositions:
     """The positions already in the export's files: per ledger, a 64-bit RoaringBitmap of
-    entry << 16 | (batch index + 1) (a few bytes per message)."""
+    entry << 16 | (batch index + 1) (a few bytes per message). `floors`: per topic (full name),
+    the furthest (ledger, entry) the files held when they were loaded (export_held)."""
 
     def __init__(self) -> None:
         self._maps: Dict[int, BitMap64] = {}
+        self.floors: Dict[str, Entry] = {}
 
     @staticmethod
     def _key(entry_id: int, batch_index: int) -> int:
@@ -87,15 +90,17 @@ def part_files(out_dir: Path) -> List[Path]:
 
 
 def load_positions(out_dir: Path) -> ExportedPositions:
-    """Positions of every completed file (a damaged file is an error naming it: never guess)."""
+    """Positions of every completed file, and each topic's floor (a damaged file is an error
+    naming it: never guess)."""
     seen = ExportedPositions()
     for path in part_files(out_dir):
         try:
-            table = pq.read_table(path, columns=["ledger_id", "entry_id", "batch_index"])
+            table = pq.read_table(path, columns=["topic", "ledger_id", "entry_id", "batch_index"])
         except Exception as exc:  # pyarrow raises several types for damaged files
             raise SparkJobError(f"export file {path} cannot be read ({exc}); move it away and re-run") from exc
-        for ledger, entry, batch in zip(*(table.column(i).to_pylist() for i in range(3))):
+        for topic, ledger, entry, batch in zip(*(table.column(i).to_pylist() for i in range(4))):
             seen.add(ledger, entry, batch)
+            raise_floor(seen.floors, topic, (ledger, entry))
     return seen
 
 
@@ -218,7 +223,6 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     t0 = time.monotonic()
     export = ExportDir(out_dir)
     report, seen = export.report, export.seen
-    floors = file_floors(part_files(out_dir)) if report.files_before else {}
     log.info("event=export_started topics=%s subscription=%s out=%s already_exported=%d",
              ",".join(topics), subscription, out_dir, len(seen))
     # One consumer, until nothing arrives for idle_ms. Messages a killed exporter had received
@@ -226,7 +230,7 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     # pulsar-lite and Apache Pulsar hand them to a consumer that is already connected
     # (tests/integration/test_broker_quirks.py): a consumer idle for idle_ms has received everything.
     total = _drain_pass(client, topics, subscription, export, batch_rows, idle_ms, max_messages, on_batch)
-    if floors and (max_messages is None or total < max_messages):
+    if seen.floors and (max_messages is None or total < max_messages):
         # Resumed after a crash: what the killed exporter's consumer still holds (export_held).
         def is_new(msg: "pulsar.Message") -> bool:
             mid = msg.message_id()
@@ -238,7 +242,7 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
             if on_batch is not None:
                 on_batch(len(msgs))
 
-        report.held_exported = read_held_all(client, topics, floors, is_new, export_rows, batch_rows)
+        report.held_exported = read_held_all(client, topics, seen.floors, is_new, export_rows, batch_rows)
     report.seconds = round(time.monotonic() - t0, 3)
     log.info("event=export_done out=%s files=%d rows=%d skipped=%d held=%d seconds=%.1f", out_dir,
              report.files_written, report.rows_written, report.redelivered_skipped, report.held_exported, report.seconds)

@@ -25,11 +25,9 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
-import pyarrow.parquet as pq
 
 from ..readers import Entry, close_quietly, has_more, reader_at
 from ..topics import TopicName, TopicNameError
@@ -47,17 +45,11 @@ def topic_key(name: str) -> str:
         return name
 
 
-def file_floors(files: Sequence[Path]) -> Dict[str, Entry]:
-    """Per topic (full name), the furthest (ledger, entry) the part files hold."""
-    floors: Dict[str, Entry] = {}
-    for path in files:
-        table = pq.read_table(path, columns=["topic", "ledger_id", "entry_id"])
-        for topic, ledger, entry in zip(*(table.column(i).to_pylist() for i in range(3))):
-            key = topic_key(topic)
-            here = (ledger, entry)
-            if key not in floors or here > floors[key]:
-                floors[key] = here
-    return floors
+def raise_floor(floors: Dict[str, Entry], topic: str, here: Entry) -> None:
+    """Record that the part files hold `here` of `topic`: its floor is the furthest such entry."""
+    key = topic_key(topic)
+    if key not in floors or here > floors[key]:
+        floors[key] = here
 
 
 def read_held(client: "pulsar.Client", topic: str, floor: Entry, is_new: Callable[[Any], bool],
