@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
+from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TICK_PROP
 from pulsar_lifecycle.timing import now_ms
 from support.broker_fixtures import broker_kinds
 from support.crash_runs import crash_broker, start_localrun
@@ -42,11 +42,11 @@ def _config(tmp_path: Path, unique: str) -> tuple:
     # 15 s to fill a batch of 2000 (more than the first third): the disk is filled right after the
     # first third is confirmed, well within that time even on a loaded machine; the test waits for
     # the window to close on the full disk before its SIGKILL.
-    cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, tickTimeMillis=200, tickMode="runner",
+    cfg["userConfig"].update(schedulingTopic=sched, tickTopic=ticks, tickTimeMillis=200, tickMode="hold",
                              ingestBatchSize=2000, ingestBatchDelayMillis=15_000)
     path = tmp_path / "writer.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    return path, sched, out
+    return path, sched, ticks, out
 
 
 def _close_in_background(client: pulsar.Client, timeout: float = 15.0) -> None:
@@ -54,6 +54,19 @@ def _close_in_background(client: pulsar.Client, timeout: float = 15.0) -> None:
     t = threading.Thread(target=client.close, daemon=True)
     t.start()
     t.join(timeout)
+
+
+def _received(consumer: pulsar.Consumer, count: int, timeout: float) -> bool:
+    """Whether `consumer` receives `count` messages besides the warm-up one within `timeout` s."""
+    got = 0
+    deadline = time.monotonic() + timeout
+    while got < count and time.monotonic() < deadline:
+        try:
+            if consumer.receive(timeout_millis=200).data() != b"warm":
+                got += 1
+        except pulsar.Timeout:
+            continue
+    return got >= count
 
 
 @pytest.mark.parametrize("kind", broker_kinds())
@@ -65,7 +78,7 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp
         pytest.skip("needs a real small filesystem (mounting a tmpfs is not permitted here)")
     data = disk.path / "data"
     log = tmp_path / "localrun.log"
-    config, sched, out = _config(tmp_path, unique)
+    config, sched, ticks, out = _config(tmp_path, unique)
     proc = start_localrun(config, broker, data, log)
     confirmed: set = set()
     before_kill = 0
@@ -80,9 +93,18 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp
                                           send_timeout_millis=5_000)
         # Only once the writer runs (a message released) is it consuming when the disk fills;
         # otherwise the full broker merely refuses its subscription.
+        # tickMode hold: the writer sends nothing on a timer. pulsar-lite closes a connection whose
+        # send it cannot store, and with it the writer's consumer and everything prefetched, so a
+        # runner tick every 200 ms on the full disk kept the writer from ever holding a batch.
+        # Ticks are the only runtime input here: the first one starts the writer.
+        client.create_producer(ticks).send(b"tick", properties={TICK_PROP: str(now_ms())})
         producer.send(b"warm", properties={DELIVER_AT_PROP: str(now_ms())})
         assert drain(client, out, "warm", expect=1, timeout=40), "the writer never started"
         base = now_ms() + 25_000
+        # The disk fills only once the broker has dispatched the first third (a second subscription
+        # shows it): the writer then holds confirmed messages it has not journaled yet.
+        probe = client.subscribe(sched, "dispatch-probe", consumer_type=pulsar.ConsumerType.Shared,
+                                 initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=N)
 
         def sent(payload: bytes):
             def cb(res, _mid) -> None:
@@ -95,6 +117,7 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp
         for i in range(N):
             if i == N // 3:
                 assert wait_for(lambda: done[0] >= N // 3, timeout=30)
+                assert _received(probe, N // 3, timeout=30), "the broker never dispatched the first third"
                 disk.fill()  # the rest arrive while only ~8 KiB are free
             payload = f"m{i}".encode()
             try:
