@@ -91,13 +91,13 @@ def test_whole_data_dir_on_a_full_filesystem_loses_no_acked_message(request, tmp
         producer = client.create_producer(sched, batching_enabled=True, batching_max_publish_delay_ms=5,
                                           block_if_queue_full=False, max_pending_messages=N + 100,
                                           send_timeout_millis=5_000)
-        # Only once the writer runs (a message released) is it consuming when the disk fills;
-        # otherwise the full broker merely refuses its subscription.
         # tickMode hold: the writer sends nothing on a timer. pulsar-lite closes a connection whose
         # send it cannot store, and with it the writer's consumer and everything prefetched, so a
         # runner tick every 200 ms on the full disk kept the writer from ever holding a batch.
         # Ticks are the only runtime input here: the first one starts the writer.
         client.create_producer(ticks).send(b"tick", properties={TICK_PROP: str(now_ms())})
+        # Only once the writer runs (a message released) is it consuming when the disk fills;
+        # otherwise the full broker merely refuses its subscription.
         producer.send(b"warm", properties={DELIVER_AT_PROP: str(now_ms())})
         assert drain(client, out, "warm", expect=1, timeout=40), "the writer never started"
         base = now_ms() + 25_000
