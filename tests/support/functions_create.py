@@ -6,7 +6,12 @@ the process runtime do with a Python function: the YAML becomes FunctionDetails
 a fresh directory per instance, and `parallelism` instances of
 support/pulsar_python_instance/python_instance_main.py start with the command line of
 `RuntimeUtils.getCmd`, `--state_storage_serviceurl` included when the worker has function state.
-`restart(i)` starts instance i again in a new directory, as a worker elsewhere would.
+`restart(i)` starts instance i again in a new directory, as a worker elsewhere would. Like the
+worker's RuntimeSpawner, a liveness check every `liveness_check_s` (the worker's
+`instanceLivenessCheckFreqMs`, 30 s by default) starts an instance whose process died by itself
+again with the same command line in the same directory: Pulsar's own Python runtime can die at
+start-up (two instances of one function creating their state namespace at once: the loser's
+retry raises `NamespaceExistsError`), and a worker deploys through that.
 """
 from __future__ import annotations
 
@@ -17,12 +22,13 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from pulsar_lifecycle.config.function_config import load_function_config
 
@@ -89,18 +95,49 @@ def _worker_env() -> Dict[str, str]:
 
 @dataclass
 class Instance:
-    """One running instance process: its directory, ports, log and process."""
+    """One instance: its directory, ports, log and current process (a new one after each restart
+    by the worker's liveness check)."""
 
     index: int
     directory: Path
     metrics_port: int
-    proc: subprocess.Popen
+    cmd: Sequence[str]
     log_path: Path
     stdout_path: Path
+    proc: subprocess.Popen = field(init=False)
+    log_offset: int = field(init=False)  # where this instance's part of the (shared) log file starts
+    restarts: int = 0
+    stopped: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def __post_init__(self) -> None:
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        self.proc = self._spawn()
+
+    def _spawn(self) -> subprocess.Popen:
+        with self.stdout_path.open("ab") as out:
+            return subprocess.Popen(list(self.cmd), cwd=self.directory, env=_worker_env(), stdout=out,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def restart_if_dead(self) -> bool:
+        """What RuntimeSpawner's liveness check does: a process that died by itself is started
+        again with the same command line; True when it was."""
+        with self.lock:
+            if self.stopped or self.proc.poll() is None:
+                return False
+            self.proc = self._spawn()
+            self.restarts += 1
+            return True
 
     def log_text(self) -> str:
-        """The instance's log file and its stdout/stderr (pip, client lines), as far as written."""
-        parts = [p.read_text(errors="replace") for p in (self.log_path, self.stdout_path) if p.exists()]
+        """This instance's part of its log file and its stdout/stderr (pip, client lines), as far as written."""
+        parts = []
+        if self.log_path.exists():
+            with self.log_path.open("rb") as f:
+                f.seek(self.log_offset)
+                parts.append(f.read().decode(errors="replace"))
+        if self.stdout_path.exists():
+            parts.append(self.stdout_path.read_text(errors="replace"))
         return "\n".join(parts)
 
     def metrics(self) -> str:
@@ -108,20 +145,26 @@ class Instance:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10) as resp:
             return resp.read().decode()
 
-    def wait_running(self, timeout_s: float) -> None:
-        """Until the instance has subscribed its inputs and serves metrics; AssertionError with
-        the log when it exits or the time runs out."""
+    def wait_running(self, timeout_s: float, max_restarts: int = 2) -> None:
+        """Until the instance has subscribed its inputs and serves metrics (after the worker's
+        restarts, as on a cluster); AssertionError with the log when it is still dead after
+        `max_restarts` restarts or the time runs out."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"instance {self.index} exited rc={self.proc.returncode}:\n{self.log_text()[-4000:]}")
-            if self.log_path.exists() and RUNNING_LINE in self.log_path.read_text(errors="replace"):
+            if RUNNING_LINE in self.log_text():
                 return
+            if self.proc.poll() is not None and self.restarts >= max_restarts:
+                raise AssertionError(f"instance {self.index} exited rc={self.proc.returncode} after "
+                                     f"{self.restarts} restarts:\n{self.log_text()[-4000:]}")
             time.sleep(0.2)
-        raise AssertionError(f"instance {self.index} not running after {timeout_s}s:\n{self.log_text()[-4000:]}")
+        raise AssertionError(f"instance {self.index} not running after {timeout_s}s "
+                             f"({self.restarts} restarts):\n{self.log_text()[-4000:]}")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
-        """Signal the instance's process group; SIGKILL when it has not exited in time."""
+        """Signal the instance's process group (SIGKILL when it has not exited in time); the
+        liveness check leaves it stopped."""
+        with self.lock:
+            self.stopped = True
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, sig)
@@ -167,13 +210,10 @@ class DeployedFunction:
         if self.worker.state_storage_url:
             cmd += ["--state_storage_serviceurl", self.worker.state_storage_url]
         cmd += ["--expected_healthcheck_interval", "30", "--cluster_name", self.worker.cluster_name]
-        stdout = d / "stdout.log"
-        with stdout.open("ab") as out:
-            proc = subprocess.Popen(cmd, cwd=d, env=_worker_env(), stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
         log_path = logs / self.fqfn / f"{self.details['name']}-{index}.log"
-        instance = Instance(index, d, port, proc, log_path, stdout)
+        instance = Instance(index, d, port, cmd, log_path, d / "stdout.log")
         self.worker.running.append(instance)
+        self.worker.watch()
         return instance
 
     def restart(self, index: int, sig: int = signal.SIGKILL) -> Instance:
@@ -198,7 +238,23 @@ class FunctionWorker:
     work_dir: Path
     cluster_name: str = "standalone"
     python: str = sys.executable
+    liveness_check_s: float = 30.0  # functions_worker.yml instanceLivenessCheckFreqMs
     running: List[Instance] = field(default_factory=list)
+    _closed: threading.Event = field(default_factory=threading.Event, repr=False)
+    _checker: Optional[threading.Thread] = field(default=None, repr=False)
+
+    def watch(self) -> None:
+        """Start the liveness check (once)."""
+        if self._checker is None:
+            self._checker = threading.Thread(target=self._check_liveness, name="liveness-check", daemon=True)
+            self._checker.start()
+
+    def _check_liveness(self) -> None:
+        while not self._closed.wait(self.liveness_check_s):
+            for instance in list(self.running):
+                if instance.restart_if_dead():
+                    print(f"worker: instance {instance.index} ({instance.log_path.name}) was dead, "
+                          f"started again (restart {instance.restarts})")
 
     def create(self, py: Path, config_file: Path) -> DeployedFunction:
         """`pulsar-admin functions create --py PY --function-config-file CONFIG_FILE`: every instance started."""
@@ -208,6 +264,9 @@ class FunctionWorker:
         return fn
 
     def stop_all(self) -> None:
-        """Stop every instance this worker started (for a test's teardown)."""
+        """Stop the liveness check and every instance this worker started (for a test's teardown)."""
+        self._closed.set()
+        if self._checker is not None:
+            self._checker.join(timeout=30)
         for instance in self.running:
             instance.stop(signal.SIGKILL, timeout_s=10)
