@@ -8,12 +8,18 @@
    with a simulated clock spanning several TTLs.
 
     python bench/bench_deletion.py [--ledgers 2000] [--topics 20] [--runs 3] [--concurrency 1,8]
+    python bench/bench_deletion.py --storage pulsar [--ledgers 300] [--topics 10] [--concurrency 1,8]
 
 `--concurrency` runs the worker once per listed maxDeletionsInFlight (default: the worker's default).
+`--storage pulsar` runs 1. against real storage: a fresh Apache Pulsar standalone per contender,
+orphan ledgers made there as PIP-186 describes (bench/_real_orphans.py), its bookie HTTP API and
+admin REST.
 """
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import statistics
 import sys
 import tempfile
@@ -21,11 +27,14 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
+
+import requests
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "functions"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from pulsar_lifecycle.deletion.admin import PulsarAdminClient  # noqa: E402
 from pulsar_lifecycle.deletion.codec import encode  # noqa: E402
@@ -87,43 +96,171 @@ def run_engine(n: int, topics: int) -> Tuple[float, int]:
     return n / dt, calls
 
 
-def run_worker(n: int, topics: int, in_flight: Optional[int] = None) -> Tuple[float, int]:
-    """The function end to end: phase one sends, one localrun instance deletes (`in_flight` at once)."""
+def _worker_pass(service_url: str, admin_url: str, bookie_url: str, work: List[Tuple[str, int]], tmp: Path,
+                 deleted: Callable[[], int], in_flight: Optional[int], name: str,
+                 subscribe: Optional[Callable[[List[str], str], None]] = None) -> float:
+    """Phase one sends a request per ledger in `work`; one localrun instance of the shipped worker
+    config (`in_flight` deletions at once) deletes them; deletions/s from its start until
+    `deleted()` reaches len(work). `subscribe(topics, subscription)` creates the worker's
+    subscription before phase one where the broker would otherwise trim unsubscribed entries."""
     from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
     from pulsar_lifecycle.deletion.service import LedgerDeletionService
-    from pulsar_lifecycle.runtime.broker import EmbeddedBroker
     from pulsar_lifecycle.runtime.client import quiet_client
     from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
+
+    n = len(work)
+    dtopics = DeletionTopics(namespace="public/default", topic_name=name)
+    if subscribe is not None:
+        subscribe(dtopics.input_topics(), f"{name}-worker")
+    client = quiet_client(service_url)
+    try:
+        service = LedgerDeletionService(client, dtopics, None, send_delay_seconds=0)
+        for t, lid in work:
+            service.append(PendingDeleteLedgerInfo(t, LedgerComponent.MANAGED_LEDGER, LedgerType.LEDGER, lid))
+        service.close()
+    finally:
+        client.close()
+    spec = spec_from_config(load_function_config(ROOT / "function-configs" / "ledger-deletion-worker.yaml"), {
+        "inputs": dtopics.input_topics(), "parallelism": 1, "subName": f"{name}-worker", "userConfig": {
+            "deletionNamespace": dtopics.namespace, "deletionTopicName": dtopics.topic_name, "delayBackend": "broker",
+            "pulsarAdminUrl": admin_url, "bookieHttpUrls": [bookie_url],
+            **({"maxDeletionsInFlight": in_flight} if in_flight else {})}})
+    t0 = time.perf_counter()
+    runner = LocalRunner(spec, LocalRunOptions(broker_service_url=service_url, data_dir=tmp / name)).start()
+    try:
+        deadline = time.monotonic() + 600
+        while (done := deleted()) < n and time.monotonic() < deadline:
+            time.sleep(0.05)
+        dt = time.perf_counter() - t0
+    finally:
+        runner.stop()
+    assert done == n, f"{done} of {n} deleted"
+    return n / dt
+
+
+def run_worker(n: int, topics: int, in_flight: Optional[int] = None) -> Tuple[float, int]:
+    """The function end to end on the embedded broker against the stand-ins."""
+    from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 
     with tempfile.TemporaryDirectory() as tmp, InternalStatsServer() as admin, BookieHttpServer() as bookie:
         broker = EmbeddedBroker(data_dir=Path(tmp) / "broker")
         broker.start()
         try:
             work = populate(admin, bookie, n, topics, 3_000_000_000)
-            dtopics = DeletionTopics(topic_name="__ledger_deletion_bench")
-            client = quiet_client(broker.service_url)
-            service = LedgerDeletionService(client, dtopics, None, send_delay_seconds=0)
-            for t, l in work:
-                service.append(PendingDeleteLedgerInfo(t, LedgerComponent.MANAGED_LEDGER, LedgerType.LEDGER, l))
-            service.close()
-            spec = spec_from_config(load_function_config(ROOT / "function-configs" / "ledger-deletion-worker.yaml"), {
-                "inputs": dtopics.input_topics(), "parallelism": 1, "userConfig": {
-                    "deletionTopicName": dtopics.topic_name, "delayBackend": "broker",
-                    "pulsarAdminUrl": admin.url, "bookieHttpUrls": [bookie.url],
-                    **({"maxDeletionsInFlight": in_flight} if in_flight else {})}})
-            t0 = time.perf_counter()
-            runner = LocalRunner(spec, LocalRunOptions(broker_service_url=broker.service_url, data_dir=Path(tmp) / "run")).start()
-            deadline = time.monotonic() + 300
-            while len(bookie.deleted) < n and time.monotonic() < deadline:
-                time.sleep(0.01)
-            dt = time.perf_counter() - t0
-            runner.stop()
-            client.close()
-            assert len(bookie.deleted) == n, f"{len(bookie.deleted)} of {n} deleted"
+            rate = _worker_pass(broker.service_url, admin.url, bookie.url, work, Path(tmp),
+                                lambda: len(bookie.deleted), in_flight, "__ledger_deletion_bench")
             calls = max(admin.calls_for(t) for t, _ in work)
         finally:
             broker.stop(remove_data=True)
-    return n / dt, calls
+    return rate, calls
+
+
+# -- real storage: a Pulsar standalone's bookie and admin API ------------------------------------
+
+class _Settled(logging.Handler):
+    """The ledger ids the deletion engine logged as deleted or already gone."""
+
+    def __init__(self, wanted: List[int]) -> None:
+        super().__init__(logging.INFO)
+        self.wanted = set(wanted)
+        self.ids: Set[int] = set()
+
+    def count(self) -> int:
+        """How many of the wanted ledgers are settled."""
+        return len(self.ids & self.wanted)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if text.startswith(("deleted ", "already gone ")):
+            m = re.search(r"ledger=(\d+)", text)
+            if m:
+                self.ids.add(int(m.group(1)))
+
+
+def _subscriber(admin_url: str) -> Callable[[List[str], str], None]:
+    def subscribe(topics: List[str], subscription: str) -> None:
+        # The standalone rolls and trims every 5 entries: without a subscription the requests would go.
+        for topic in topics:
+            short = topic.split("://", 1)[1]
+            r = requests.put(f"{admin_url}/admin/v2/persistent/{short}/subscription/{subscription}", timeout=30)
+            assert r.status_code in (204, 409), (topic, r.status_code, r.text)
+    return subscribe
+
+
+def _real_pass(p, name: str, level: Optional[int], n: int, topics: int, tmp: Path, tag: str) -> Tuple[float, int]:
+    """One contender on fresh orphans of `p`: (deletions/s, how many the broker deleted first)."""
+    from _real_orphans import gone_meanwhile, make_orphans
+
+    orphans = make_orphans(p, n, topics, tag)
+    gone = gone_meanwhile(p, orphans)
+    bookie = BookieHttpClient.connect([p.bookie_http_url])
+    try:
+        if name == "raw":
+            t0 = time.perf_counter()
+            for lid in orphans.ids():
+                bookie.delete(lid)
+            rate = n / (time.perf_counter() - t0)
+        elif name == "engine":
+            engine, _ = make_engine(p.admin_url, p.bookie_http_url, ttl=1)
+            payloads = [encode(PendingDeleteLedgerInfo(t, LedgerComponent.MANAGED_LEDGER, LedgerType.LEDGER, lid))
+                        for t, lid in orphans.work]
+            t0 = time.perf_counter()
+            for payload in payloads:
+                d = engine.handle(payload, 0, None)
+                assert d.outcome in (Outcome.DELETED, Outcome.ALREADY_GONE), d
+            rate = n / (time.perf_counter() - t0)
+        else:
+            # Settled ledgers counted from the worker's own log lines, not by polling the bookie.
+            settled = _Settled(orphans.ids())
+            engine_log = logging.getLogger("pulsar_lifecycle.deletion.engine")
+            engine_log.addHandler(settled)
+            engine_log.setLevel(logging.INFO)
+            try:
+                rate = _worker_pass(p.service_url, p.admin_url, p.bookie_http_url, orphans.work, tmp, settled.count,
+                                    level, f"__ledger_deletion_{tag}", _subscriber(p.admin_url))
+            finally:
+                engine_log.removeHandler(settled)
+        still = set(orphans.ids()) & bookie.list_ledger_ids()
+        assert not still, f"{name}: {len(still)} of the {n} orphan ledgers are still on the bookie"
+    finally:
+        bookie.endpoints.close()
+    age = time.monotonic() - orphans.made_at
+    if age > 55:  # the broker retries its own failed deletes a minute after the trim
+        print(f"  {name}: finished {age:.0f}s after its orphans were made; the broker may have deleted some itself",
+              flush=True)
+    return rate, gone
+
+
+def run_real(n: int, topics: int, runs: int, levels: List[Optional[int]]) -> None:
+    """Raw DELETE, the engine one at a time and the worker at each level, each on orphans of its own
+    (bench/_real_orphans.py) on a fresh real standalone: its bookie HTTP API and admin REST.
+
+    A fresh standalone per contender because the bookie's HTTP DELETE opens a BookKeeper client
+    (and a ZooKeeper session) per call and never closes it: near ZooKeeper's per-host connection
+    limit (1,000 on the standalone) the bookie's HTTP API stops answering."""
+    from _real_orphans import ROLLING
+    from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
+
+    names = ["raw", "engine"] + [f"worker x{c or 'default'}" for c in levels]
+    rates: Dict[str, List[float]] = {k: [] for k in names}
+    for r in range(runs):
+        parts = []
+        for i, name in enumerate(names):
+            with tempfile.TemporaryDirectory() as tmp, \
+                    PulsarStandalone(data_dir=Path(tmp) / "pulsar", config=dict(ROLLING)) as p:
+                if r == 0 and i == 0:
+                    print(f"Apache Pulsar {p.release.version if p.release else '?'} standalone, up in "
+                          f"{p.startup_seconds:.1f}s", flush=True)
+                rate, gone = _real_pass(p, name, levels[i - 2] if i >= 2 else None, n, topics, Path(tmp), f"r{r}_{i}")
+            rates[name].append(rate)
+            parts.append(f"{name} {rate:6.0f} del/s" + (f" ({rate / rates['raw'][-1]:.2f}x raw)" if name != "raw" else "")
+                         + (f" [{gone} deleted by the broker first]" if gone else ""))
+            print(f"  run {r + 1}, {parts[-1]}", flush=True)
+        print(f"run {r + 1}: " + " | ".join(parts), flush=True)
+    raw = statistics.median(rates["raw"])
+    print(f"median (real bookie, {n} orphan ledgers per contender): raw {raw:.0f} del/s"
+          + "".join(f"; {k} {statistics.median(v):.0f} del/s (ratio {statistics.median(v) / raw:.2f})"
+                    for k, v in rates.items() if k != "raw"), flush=True)
 
 
 class SimClock:
@@ -184,8 +321,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--skip-worker", action="store_true", help="skip the end-to-end function run")
     ap.add_argument("--concurrency", default="", help="comma-separated maxDeletionsInFlight values for the worker")
+    ap.add_argument("--storage", choices=("stand-in", "pulsar"), default="stand-in",
+                    help="stand-in: tests/servers' bookie and admin API answering at once (default); pulsar: a real "
+                         "Apache Pulsar standalone's bookie HTTP API and admin REST, on orphan ledgers made there")
     args = ap.parse_args()
     levels: List[Optional[int]] = [int(c) for c in args.concurrency.split(",") if c.strip()] or [None]
+    if args.storage == "pulsar":
+        run_real(args.ledgers, args.topics, args.runs, levels)
+        return
     raw: List[float] = []
     eng: List[float] = []
     wrk: Dict[Optional[int], List[float]] = {c: [] for c in levels}

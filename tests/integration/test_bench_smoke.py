@@ -8,7 +8,8 @@ output of a failing case), never asserted: a 2-core CI machine gives no stable f
 
 bench/repro_*.py are reproductions, not benchmarks, and are not run. The Spark benchmarks run only
 where PySpark is installed (the `test` extra installs it); bench_vs_pulsar.py only when the run
-covers real Pulsar (TEST_BROKERS).
+covers real Pulsar (TEST_BROKERS), and so does bench_deletion.py's
+`--storage pulsar`.
 """
 from __future__ import annotations
 
@@ -58,6 +59,9 @@ CASES = [
          ["--broker", "lite", "--messages", "300", "--runs", "1"], "batching_max_messages=1000", 120),
     case("deletion", "bench_deletion.py", ["--ledgers", "40", "--topics", "4", "--runs", "1"],
          "internalStats under load", 180),
+    case("deletion-real_bookie", "bench_deletion.py",
+         ["--storage", "pulsar", "--ledgers", "20", "--topics", "2", "--runs", "1", "--concurrency", "2"],
+         "median (real bookie", 300, no_pulsar),
     case("writer_throughput", "bench_writer_throughput.py", ["--messages", "1000", "--runs", "1"],
          "ratio writer/pipe", 240),
     case("writer_lateness", "bench_writer_lateness.py",

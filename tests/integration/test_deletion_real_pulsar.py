@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Set
 
@@ -26,7 +27,7 @@ from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.exceptions import LedgerMissing
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType, PendingDeleteLedgerInfo, TopicRef
 from pulsar_lifecycle.deletion.operator import list_dlq
-from pulsar_lifecycle.deletion.ports import OwnershipStatus
+from pulsar_lifecycle.deletion.ports import DeleteResult, OwnershipStatus
 from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient, BookieLedgerStorage
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.runtime.client import quiet_client
@@ -35,7 +36,7 @@ from servers.internal_stats_server import InternalStatsServer
 from support.broker_fixtures import broker_kinds
 from support.helpers import publish_all, stop_process, wait_for
 from support.paths import REPO
-from support.zookeeper import ZooKeeperClient, ledger_znode
+from support.zookeeper import ZooKeeperClient, established_connections_to, ledger_znode
 
 # pulsar_only says why; skipif keeps a TEST_BROKERS run without real Pulsar from starting one.
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar_only("needs the admin REST API and a bookie"),
@@ -162,6 +163,28 @@ def test_adapters_read_what_real_pulsar_answers(pulsar_broker, unique):
     assert _keys(fmd["allEnsembles"]["0"][0]) == _keys(real_md["allEnsembles"]["0"][0])
     admin.close()
     bookie.endpoints.close()
+
+
+def test_the_bookie_http_delete_leaves_a_zookeeper_session_open_per_call(pulsar_broker):
+    """What docs/deletion.md warns of: the bookie's DELETE /api/v1/ledger/delete builds a BookKeeper
+    client per call and never closes it (BookKeeper's DeleteLedgerService, in the BookKeeper that
+    Pulsar 4.0 ships), so every call leaves one more ZooKeeper session open in the bookie until
+    ZooKeeper's per-host connection limit stops that bookie's HTTP API. Ledger ids nobody has are
+    used: the client is built before the delete is tried. When a Pulsar upgrade fixes this, this
+    test fails and the docs' warning is to go."""
+    p = pulsar_broker
+    bookie = BookieHttpClient.connect([p.bookie_http_url])
+    zk_port = p.ports["zookeeper"]
+    absent = max(bookie.list_ledger_ids() | {0}) + 5_000_000
+    calls = 30
+    before = established_connections_to(zk_port)
+    for i in range(calls):
+        # This bookie answers 200 for a ledger it never had; either answer means gone.
+        assert bookie.delete(absent + i) in (DeleteResult.DELETED, DeleteResult.NOT_FOUND)
+    time.sleep(1.0)  # a session that was going to close has closed by now
+    left_open = established_connections_to(zk_port) - before
+    bookie.endpoints.close()
+    assert left_open >= calls - 5, f"{left_open} ZooKeeper connections more after {calls} bookie HTTP deletes"
 
 
 # -- the worker through `pulsar-lifecycle localrun` ---------------------------------------------

@@ -132,3 +132,20 @@ def ledger_znode(zk: ZooKeeperClient, ledger_id: int, root: str = "/ledgers") ->
         if zk.exists(path):
             return path
     raise ZooKeeperError("find ledger", f"{ledger_id} (tried {candidates})", NO_NODE)
+
+
+def established_connections_to(port: int) -> int:
+    """TCP connections on this host in state ESTABLISHED whose remote end is `port` (the clients
+    of a ZooKeeper listening there), from /proc/net/tcp and /proc/net/tcp6."""
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except FileNotFoundError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if len(fields) > 3 and fields[3] == "01" and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                count += 1
+    return count
