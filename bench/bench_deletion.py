@@ -18,6 +18,7 @@ admin REST.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import statistics
@@ -231,32 +232,45 @@ def _real_pass(p, name: str, level: Optional[int], n: int, topics: int, tmp: Pat
     return rate, gone
 
 
+# Deletes one standalone takes before its bookie nears ZooKeeper's connection limit (1,000).
+DELETES_PER_STANDALONE = 500
+
+
 def run_real(n: int, topics: int, runs: int, levels: List[Optional[int]]) -> None:
     """Raw DELETE, the engine one at a time and the worker at each level, each on orphans of its own
-    (bench/_real_orphans.py) on a fresh real standalone: its bookie HTTP API and admin REST.
+    (bench/_real_orphans.py) on a real standalone: its bookie HTTP API and admin REST.
 
-    A fresh standalone per contender because the bookie's HTTP DELETE opens a BookKeeper client
-    (and a ZooKeeper session) per call and never closes it: near ZooKeeper's per-host connection
-    limit (1,000 on the standalone) the bookie's HTTP API stops answering."""
+    The bookie's HTTP DELETE opens a BookKeeper client (and a ZooKeeper session) per call and never
+    closes it; near ZooKeeper's per-host connection limit (1,000 on the standalone) the bookie's HTTP
+    API stops answering. So each contender gets a fresh standalone unless the whole script deletes
+    fewer than DELETES_PER_STANDALONE ledgers."""
     from _real_orphans import ROLLING
     from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
 
     names = ["raw", "engine"] + [f"worker x{c or 'default'}" for c in levels]
     rates: Dict[str, List[float]] = {k: [] for k in names}
-    for r in range(runs):
-        parts = []
-        for i, name in enumerate(names):
-            with tempfile.TemporaryDirectory() as tmp, \
-                    PulsarStandalone(data_dir=Path(tmp) / "pulsar", config=dict(ROLLING)) as p:
-                if r == 0 and i == 0:
-                    print(f"Apache Pulsar {p.release.version if p.release else '?'} standalone, up in "
-                          f"{p.startup_seconds:.1f}s", flush=True)
-                rate, gone = _real_pass(p, name, levels[i - 2] if i >= 2 else None, n, topics, Path(tmp), f"r{r}_{i}")
-            rates[name].append(rate)
-            parts.append(f"{name} {rate:6.0f} del/s" + (f" ({rate / rates['raw'][-1]:.2f}x raw)" if name != "raw" else "")
-                         + (f" [{gone} deleted by the broker first]" if gone else ""))
-            print(f"  run {r + 1}, {parts[-1]}", flush=True)
-        print(f"run {r + 1}: " + " | ".join(parts), flush=True)
+    fresh_each = n * len(names) * runs >= DELETES_PER_STANDALONE
+    with contextlib.ExitStack() as whole:
+        tmp = Path(whole.enter_context(tempfile.TemporaryDirectory()))
+        shared = None if fresh_each else whole.enter_context(
+            PulsarStandalone(data_dir=tmp / "pulsar", config=dict(ROLLING)))
+        for r in range(runs):
+            parts = []
+            for i, name in enumerate(names):
+                with contextlib.ExitStack() as one:
+                    p = shared or one.enter_context(
+                        PulsarStandalone(data_dir=tmp / f"pulsar-{r}-{i}", config=dict(ROLLING)))
+                    if r == 0 and i == 0:
+                        print(f"Apache Pulsar {p.release.version if p.release else '?'} standalone, up in "
+                              f"{p.startup_seconds:.1f}s ({'one per contender' if fresh_each else 'one for all'})",
+                              flush=True)
+                    rate, gone = _real_pass(p, name, levels[i - 2] if i >= 2 else None, n, topics, tmp, f"r{r}_{i}")
+                rates[name].append(rate)
+                parts.append(f"{name} {rate:6.0f} del/s"
+                             + (f" ({rate / rates['raw'][-1]:.2f}x raw)" if name != "raw" else "")
+                             + (f" [{gone} deleted by the broker first]" if gone else ""))
+                print(f"  run {r + 1}, {parts[-1]}", flush=True)
+            print(f"run {r + 1}: " + " | ".join(parts), flush=True)
     raw = statistics.median(rates["raw"])
     print(f"median (real bookie, {n} orphan ledgers per contender): raw {raw:.0f} del/s"
           + "".join(f"; {k} {statistics.median(v):.0f} del/s (ratio {statistics.median(v) / raw:.2f})"
