@@ -51,8 +51,10 @@ LOOKAHEAD_MS = 1000
 WRITER_TICK_MS = 200
 # Documented bound (docs/delay-levels.md) for messages due while both processes run.
 BOUND_MS = LOOKAHEAD_MS + WRITER_TICK_MS
-# After a restart the process needs this long to be serving again (start, recovery, first tick).
-RECOVERY_GRACE_MS = 6000
+# After a restart the process needs this long to be serving again (start, recovery, first tick):
+# 2-3 s on a quiet machine; a loaded 2-core CI machine took 4.0-7.3 s from kill to the first
+# release after it (the syncer's third restart the slowest).
+RECOVERY_GRACE_MS = 9000
 # Diagnosis: the functions' log level (their logs are in the test's tmp_path) and the broker's.
 LOG_LEVEL = os.environ.get("DL_CRASH_LOG_LEVEL", "WARNING")
 BROKER_LOG_LEVEL = os.environ.get("DL_CRASH_BROKER_LOG_LEVEL", "warn")
@@ -255,7 +257,8 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
     assert not early, f"{len(early)} released early, e.g. {early[:5]}"
     assert not missing, (f"{len(missing)} never released ({len(unforwarded)} of them never forwarded), "
                          f"e.g. {sorted(missing)[:5]}; logs and lateness.tsv in {tmp_path}")
-    assert len(outside) > N // 3  # the bound is checked on a real share of the messages
+    # The bound is checked on a real share of the messages: about 7,000 of 20,000 lie outside the windows.
+    assert len(outside) > N // 4
     if lite is None:
         # Real Pulsar: the bound is reported, not asserted. A restarted syncer needs 3-5 s there
         # before it forwards again (it recovers every partition's publisher from the scheduling
