@@ -299,10 +299,20 @@ def test_worker_deletes_lost_ledgers_keeps_live_ones_and_refuses_forged(pulsar_f
             zk.delete(path)
         zk.close()
         assert lost <= bookie.list_ledger_ids()  # orphans: in no metadata, still in the bookie
-        # The topic goes on writing: its newest ledger is now above the orphaned cursor ledger.
-        publish_all(prod, [f"n{i}".encode() for i in range(5)])
-        live = admin.in_use_ledger_ids(topic)
-        assert live is not None and max(live) > cursors["gone"]
+        # The topic goes on writing until its newest ledger is above the orphaned cursor ledger (a
+        # loaded broker may roll over later than after the first 5 entries).
+        holder_live: Dict[str, Set[int]] = {}
+        sent_n: List[str] = []
+
+        def rolled_past_cursor() -> bool:
+            batch = [f"n{len(sent_n) + i}" for i in range(5)]
+            publish_all(prod, [b.encode() for b in batch])
+            sent_n.extend(batch)
+            holder_live["live"] = admin.in_use_ledger_ids(topic) or set()
+            return bool(holder_live["live"]) and max(holder_live["live"]) > cursors["gone"]
+
+        assert wait_for(rolled_past_cursor, timeout=60, interval=0.5), (holder_live, cursors)
+        live = holder_live["live"]
         requested_live = (set(data) | {cursors["keep"]}) & live
 
         # Phase two: the worker, through the CLI's localrun.
@@ -351,4 +361,4 @@ def test_worker_deletes_lost_ledgers_keeps_live_ones_and_refuses_forged(pulsar_f
         pass
     client.close()
     admin.close()
-    assert sorted(rest) == sorted([f"m{i}" for i in range(20, 30)] + [f"n{i}" for i in range(5)])
+    assert sorted(rest) == sorted([f"m{i}" for i in range(20, 30)] + sent_n)
