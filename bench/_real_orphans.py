@@ -8,8 +8,8 @@ deletes fail; then the child znodes go. The ledgers are then in no metadata and 
 bookie, which is what the deletion worker exists for.
 
 The broker retries a failed data-ledger delete a minute after the trim (three times, 60 s apart),
-so a benchmark measures each set right after it is made; `Orphans.gone_meanwhile` says how many the
-broker deleted before the contender got to them.
+so a benchmark measures each set right after it is made and counts those the broker deleted before
+the contender got to them.
 """
 from __future__ import annotations
 
@@ -97,11 +97,3 @@ def make_orphans(p: PulsarStandalone, n: int, topics: int, tag: str, timeout_s: 
         admin.close()
         bookie.endpoints.close()
 
-
-def gone_meanwhile(p: PulsarStandalone, orphans: Orphans) -> int:
-    """How many of `orphans` the bookie no longer lists (call before a contender starts)."""
-    bookie = BookieHttpClient.connect([p.bookie_http_url])
-    try:
-        return len(set(orphans.ids()) - bookie.list_ledger_ids())
-    finally:
-        bookie.endpoints.close()
