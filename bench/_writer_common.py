@@ -9,7 +9,11 @@ The two benchmarks run everything against one embedded pulsar-lite broker starte
 The batched pipe (this file run as `batched-pipe`) is bench/_pipe.py, the batched baseline every
 pipe comparison shares: `batch_receive` (up to 500 messages, 5 ms to fill, the writer's ingest
 defaults), sends without per-message callbacks, one completion callback per batch and the batch's
-acks in it.
+acks in it. Run as `journaled-pipe` it is bench/_pipe.py's journaled pipe: the same, plus a durable
+append of each batch (positions, deliver-at, payloads) to `journal` in its working directory before
+the batch is sent with sequence and origin ids: the floor of any writer durable before it acks. As
+`native-pipe` and `journaled-native-pipe` the two receive and send through pulsar-client's native
+objects, as the writer does (`--native`).
 A further reference is an identity function (`Identity` below) run through the same localrun
 runtime: it shows what the runtime's one-message-at-a-time model costs before the writer does
 any work of its own.
@@ -20,6 +24,8 @@ bench_vs_pulsar.py).
 
     python bench/_writer_common.py pipe --service-url URL --input T --output T --subscription S
     python bench/_writer_common.py batched-pipe --service-url URL --input T --output T --subscription S
+    python bench/_writer_common.py journaled-pipe --service-url URL --input T --output T --subscription S
+    python bench/_writer_common.py native-pipe|journaled-native-pipe --service-url URL --input T --output T --subscription S
     python bench/_writer_common.py paced --service-url URL --topic T --rate R --seconds S --start-ms T0 --lead-ms L [--native]
 """
 from __future__ import annotations
@@ -156,7 +162,9 @@ def start_localrun(config: Path, service_url: str, workdir: Path, metrics_port: 
 
 
 def start_pipe(service_url: str, topics: Topics, workdir: Path, kind: str = "pipe") -> subprocess.Popen:
-    """A baseline pipe (this file's `pipe` or `batched-pipe` command) in its own process (log: <kind>.log)."""
+    """A baseline pipe (this file's `pipe`, `batched-pipe`, `journaled-pipe`, `native-pipe` or
+    `journaled-native-pipe` command) in its own process
+    (log: <kind>.log; the journaled pipe's journal: <workdir>/journal)."""
     workdir.mkdir(parents=True, exist_ok=True)
     with open(workdir / f"{kind}.log", "ab") as err:
         return subprocess.Popen(
@@ -360,12 +368,14 @@ def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription
 
 
 def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str,
-                     max_seconds: float) -> None:
-    """The shared batched pipe (bench/_pipe.py) on one input topic, until SIGINT/SIGTERM or max_seconds."""
+                     max_seconds: float, journal: Optional[Path] = None, native: bool = False) -> None:
+    """The shared batched pipe (bench/_pipe.py) on one input topic, until SIGINT/SIGTERM or max_seconds;
+    with `journal`, the journaled pipe; with `native`, through the native client objects."""
     stop = threading.Event()
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    _pipe.run_batched_pipe(service_url, [input_topic], output_topic, subscription, stop, max_seconds)
+    _pipe.run_batched_pipe(service_url, [input_topic], output_topic, subscription, stop, max_seconds,
+                           journal=journal, native=native)
 
 
 def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,
@@ -405,7 +415,7 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for kind in ("pipe", "batched-pipe"):
+    for kind in ("pipe", "batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe"):
         p = sub.add_parser(kind)
         p.add_argument("--service-url", required=True)
         p.add_argument("--input", required=True)
@@ -424,8 +434,10 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "pipe":
         run_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
-    elif args.cmd == "batched-pipe":
-        run_batched_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
+    elif args.cmd in ("batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe"):
+        run_batched_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds,
+                         journal=Path("journal").resolve() if args.cmd.startswith("journaled") else None,
+                         native=args.cmd.endswith("native-pipe"))
     else:
         run_paced(args.service_url, args.topic, args.rate, args.seconds, args.start_ms, args.lead_ms,
                   args.payload_bytes, args.native)

@@ -6,6 +6,13 @@ One embedded pulsar-lite broker. Per run and per process under test, each in its
 - batched-pipe: the second baseline, the same pipe written the writer's way
   (bench/_writer_common.py `batched-pipe`): batch_receive, sends without per-message callbacks, one
   callback per batch, the batch's acks after it;
+- journaled-pipe: the batched pipe plus a durable append of each batch (positions, deliver-at,
+  payloads; write + fsync) before it is sent with sequence and origin ids (bench/_pipe.py
+  `--journal`): the floor of any writer that is durable before it acks and de-duplicates its
+  output, without an index, release order or commit;
+- native-pipe, journaled-native-pipe: the batched and the journaled pipe receiving and sending
+  through pulsar-client's native objects, as the writer does (bench/_pipe.py `--native`): the
+  journaled one is the writer's floor with the writer's own client calls;
 - identity: a function returning its input, through `pulsar_lifecycle.cli localrun` (ATLEAST_ONCE):
   what the runtime's one-message-at-a-time model costs before the writer does any work;
 - writer: BucketSnapshotWriter through `pulsar_lifecycle.cli localrun`, shipped config with this
@@ -22,7 +29,9 @@ Steps:
    from launch, N / (last arrival - launch), which counts each process's start-up against it.
 
 The ratio line is writer/pipe of the sustained rates (the figure of every earlier table; the
-target: >= 0.70); writer/batched-pipe and writer/identity are printed too, and writer/pipe of the
+target: >= 0.70); writer/batched-pipe, each pipe / batched-pipe (the floors: what durability and
+ids alone cost), writer/journaled-native-pipe (the writer against its floor) and writer/identity
+are printed too, and writer/pipe of the
 rates from launch on a line of its own. Each process's exit code is printed (0: it stopped
 cleanly on SIGINT). A run with a message missing, duplicated or early exits non-zero.
 
@@ -85,7 +94,7 @@ def one(label: str, client: pulsar.Client, workdir: Path, n: int, payload_bytes:
     rate = (n - 1) / ((last - first) / 1000.0)
     from_launch = n / ((last - t_launch) / 1000.0)
     early = sum(1 for a, d in zip(got.arrival_ms, got.deliver_at) if a < d)
-    print(f"  {label:12s}: {rate:8,.0f} msg/s sustained ({(last - first) / 1000:5.1f} s first->last; first output "
+    print(f"  {label:21s}: {rate:8,.0f} msg/s sustained ({(last - first) / 1000:5.1f} s first->last; first output "
           f"{(first - t_launch) / 1000:.2f} s after launch; {from_launch:,.0f} msg/s from launch; process CPU "
           f"{cpu * 1e6 / n:3.0f} us/msg incl. start-up; pre-load {produce_rate:,.0f} msg/s; duplicates "
           f"{got.duplicates}; early {early}; exit code {rc})", flush=True)
@@ -103,7 +112,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.messages < 2 or args.runs < 1 or args.payload_bytes < 10:
         ap.error("--messages >= 2, --runs >= 1 and --payload-bytes >= 10 are required")
-    rates: Dict[str, List[float]] = {"pipe": [], "batched-pipe": [], "identity": [], "writer": []}
+    rates: Dict[str, List[float]] = {k: [] for k in ("pipe", "batched-pipe", "journaled-pipe", "native-pipe",
+                                                     "journaled-native-pipe", "identity", "writer")}
     launched: Dict[str, List[float]] = {k: [] for k in rates}  # rates from launch
     with tempfile.TemporaryDirectory(prefix="bench-writer-tp-") as tmp, \
             EmbeddedBroker(data_dir=Path(tmp) / "broker") as broker:
@@ -111,6 +121,10 @@ def main() -> None:
         launchers: Dict[str, Callable[[wc.Topics, Path], Tuple[subprocess.Popen, Path]]] = {
             "pipe": lambda t, wd: (wc.start_pipe(url, t, wd), wd / "pipe.log"),
             "batched-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "batched-pipe"), wd / "batched-pipe.log"),
+            "journaled-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "journaled-pipe"), wd / "journaled-pipe.log"),
+            "native-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "native-pipe"), wd / "native-pipe.log"),
+            "journaled-native-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "journaled-native-pipe"),
+                                                    wd / "journaled-native-pipe.log"),
             "identity": lambda t, wd: (wc.start_localrun(wc.write_identity_config(wd, t), url, wd), wd / "localrun.log"),
             "writer": lambda t, wd: (wc.start_localrun(wc.write_writer_config(wd, t), url, wd), wd / "localrun.log"),
         }
@@ -123,8 +137,12 @@ def main() -> None:
                                             args.payload_bytes, args.timeout, launch)
                     rates[label].append(rate)
                     launched[label].append(from_launch)
-                print(f"  writer/pipe {rates['writer'][-1] / rates['pipe'][-1]:.2f}  "
-                      f"writer/batched-pipe {rates['writer'][-1] / rates['batched-pipe'][-1]:.2f}  "
+                last = {k: v[-1] for k, v in rates.items()}
+                print(f"  writer/pipe {last['writer'] / last['pipe']:.2f}  "
+                      f"writer/batched-pipe {last['writer'] / last['batched-pipe']:.2f}  "
+                      f"writer/journaled-native-pipe {last['writer'] / last['journaled-native-pipe']:.2f}  "
+                      + "  ".join(f"{k}/batched-pipe {last[k] / last['batched-pipe']:.2f}"
+                                  for k in ("journaled-pipe", "native-pipe", "journaled-native-pipe")) + "  "
                       f"batched-pipe/pipe {rates['batched-pipe'][-1] / rates['pipe'][-1]:.2f}  "
                       f"identity/pipe {rates['identity'][-1] / rates['pipe'][-1]:.2f}  "
                       f"writer/identity {rates['writer'][-1] / rates['identity'][-1]:.2f}", flush=True)
@@ -137,6 +155,10 @@ def main() -> None:
     print(f"writer/identity (runtime's own cost removed): {med['writer'] / med['identity']:.2f}")
     print(f"ratio writer/pipe: {med['writer'] / med['pipe']:.2f} (target >= 0.70)")
     print(f"ratio writer/batched-pipe: {med['writer'] / med['batched-pipe']:.2f}")
+    for k in ("journaled-pipe", "native-pipe", "journaled-native-pipe"):
+        print(f"{k} {med[k]:,.0f} msg/s: {k}/batched-pipe {med[k] / med['batched-pipe']:.2f}")
+    print(f"ratio writer/journaled-native-pipe (the writer against its floor): "
+          f"{med['writer'] / med['journaled-native-pipe']:.2f}")
     med_l = {k: statistics.median(v) for k, v in launched.items()}
     print(f"from launch (start-up counted): pipe {med_l['pipe']:,.0f} msg/s, writer {med_l['writer']:,.0f} msg/s, "
           f"ratio writer/pipe {med_l['writer'] / med_l['pipe']:.2f}")
