@@ -27,12 +27,9 @@ from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
 from support.helpers import publish_all
+from support.rolling import ENTRIES_PER_LEDGER
 from support.zookeeper import ZooKeeperClient, ledger_znode
 
-# Small ledgers that roll at once and no retention: a trimmed ledger is deleted at once.
-ROLLING = {"managedLedgerMaxEntriesPerLedger": "5", "managedLedgerMinLedgerRolloverTimeMinutes": "0",
-           "defaultRetentionTimeInMinutes": "0", "defaultRetentionSizeInMB": "0"}
-ENTRIES_PER_LEDGER = 5
 BLOCK = "pl-bench-block-delete"
 
 

@@ -244,8 +244,8 @@ def run_real(n: int, topics: int, runs: int, levels: List[Optional[int]]) -> Non
     closes it; near ZooKeeper's per-host connection limit (1,000 on the standalone) the bookie's HTTP
     API stops answering. So each contender gets a fresh standalone unless the whole script deletes
     fewer than DELETES_PER_STANDALONE ledgers."""
-    from _real_orphans import ROLLING
     from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
+    from support.rolling import ROLLING
 
     names = ["raw", "engine"] + [f"worker x{c or 'default'}" for c in levels]
     rates: Dict[str, List[float]] = {k: [] for k in names}

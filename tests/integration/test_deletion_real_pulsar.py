@@ -36,15 +36,13 @@ from servers.internal_stats_server import InternalStatsServer
 from support.broker_fixtures import broker_kinds
 from support.helpers import publish_all, stop_process, wait_for
 from support.paths import REPO
+from support.rolling import ROLLING
 from support.zookeeper import ZooKeeperClient, established_connections_to, ledger_znode
 
 # pulsar_only says why; skipif keeps a TEST_BROKERS run without real Pulsar from starting one.
 pytestmark = [pytest.mark.integration, pytest.mark.pulsar_only("needs the admin REST API and a bookie"),
               pytest.mark.skipif("pulsar" not in broker_kinds(), reason="not on lite: needs the admin REST API and a bookie")]
 
-# Small ledgers that roll at once and no retention: consumed ledgers are trimmed right away.
-ROLLING = {"managedLedgerMaxEntriesPerLedger": "5", "managedLedgerMinLedgerRolloverTimeMinutes": "0",
-           "defaultRetentionTimeInMinutes": "0", "defaultRetentionSizeInMB": "0"}
 BLOCK = "pl-block-delete"
 
 
