@@ -177,10 +177,9 @@ def run_batched_pipe(service_url: str, inputs: Sequence[str], output: str, subsc
                 if seq is not None:
                     builder.sequence_id(seq)
                 raw_send(builder.build(), callback)
-            elif seq is not None:
-                producer.send_async(msg.data(), callback, properties=props, partition_key=key, sequence_id=seq)
             else:
-                producer.send_async(msg.data(), callback, properties=props, partition_key=key)
+                producer.send_async(msg.data(), callback, properties=props, partition_key=key,
+                                    **({} if seq is None else {"sequence_id": seq}))
 
     threads = [threading.Thread(target=forward, args=(c,), name=f"pipe-{k}", daemon=True)
                for k, c in enumerate(consumers)]

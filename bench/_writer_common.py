@@ -367,6 +367,10 @@ def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription
     client.close()
 
 
+# This file's commands that run bench/_pipe.py: the batched pipe and its floors.
+BATCHED_PIPES = ("batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe")
+
+
 def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str,
                      max_seconds: float, journal: Optional[Path] = None, native: bool = False) -> None:
     """The shared batched pipe (bench/_pipe.py) on one input topic, until SIGINT/SIGTERM or max_seconds;
@@ -415,7 +419,7 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
 def main(argv: Optional[List[str]] = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for kind in ("pipe", "batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe"):
+    for kind in ("pipe",) + BATCHED_PIPES:
         p = sub.add_parser(kind)
         p.add_argument("--service-url", required=True)
         p.add_argument("--input", required=True)
@@ -434,7 +438,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     args = ap.parse_args(argv)
     if args.cmd == "pipe":
         run_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
-    elif args.cmd in ("batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe"):
+    elif args.cmd in BATCHED_PIPES:
         run_batched_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds,
                          journal=Path("journal").resolve() if args.cmd.startswith("journaled") else None,
                          native=args.cmd.endswith("native-pipe"))

@@ -31,8 +31,7 @@ Steps:
 The ratio line is writer/pipe of the sustained rates (the figure of every earlier table; the
 target: >= 0.70); writer/batched-pipe, each pipe / batched-pipe (the floors: what durability and
 ids alone cost), writer/journaled-native-pipe (the writer against its floor) and writer/identity
-are printed too, and writer/pipe of the
-rates from launch on a line of its own. Each process's exit code is printed (0: it stopped
+are printed too, and writer/pipe of the rates from launch on a line of its own. Each process's exit code is printed (0: it stopped
 cleanly on SIGINT). A run with a message missing, duplicated or early exits non-zero.
 
     python bench/bench_writer_throughput.py [--messages 100000] [--payload-bytes 100] [--runs 2]
@@ -143,9 +142,9 @@ def main() -> None:
                       f"writer/journaled-native-pipe {last['writer'] / last['journaled-native-pipe']:.2f}  "
                       + "  ".join(f"{k}/batched-pipe {last[k] / last['batched-pipe']:.2f}"
                                   for k in ("journaled-pipe", "native-pipe", "journaled-native-pipe")) + "  "
-                      f"batched-pipe/pipe {rates['batched-pipe'][-1] / rates['pipe'][-1]:.2f}  "
-                      f"identity/pipe {rates['identity'][-1] / rates['pipe'][-1]:.2f}  "
-                      f"writer/identity {rates['writer'][-1] / rates['identity'][-1]:.2f}", flush=True)
+                      f"batched-pipe/pipe {last['batched-pipe'] / last['pipe']:.2f}  "
+                      f"identity/pipe {last['identity'] / last['pipe']:.2f}  "
+                      f"writer/identity {last['writer'] / last['identity']:.2f}", flush=True)
         finally:
             client.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
