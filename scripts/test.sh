@@ -12,8 +12,9 @@ fi
 # The whole suite in two passes: first the tests that assert a lateness bound under SIGKILLs
 # (marker `timing`), one at a time, since the bound needs the machine's cores; then everything
 # else on three workers (pytest-xdist): those tests mostly wait on brokers and subprocesses and
-# assert counts, not times. Each pass starts its own brokers; both always run.
+# assert counts, not times. Each pass starts its own brokers; both always run. Short tracebacks:
+# a failure shows its assertion and message, not pages of test source.
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider -m timing || status=$?
-.venv/bin/python -m pytest -q -p no:cacheprovider -n "${TEST_WORKERS:-3}" -m "not timing" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -m timing || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -n "${TEST_WORKERS:-3}" -m "not timing" || status=$?
 exit "$status"
