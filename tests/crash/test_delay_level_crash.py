@@ -39,6 +39,7 @@ from support.crash_runs import (
     stop_all,
     wait_subscribed,
 )
+from support.helpers import receive_payloads
 from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing]
@@ -135,18 +136,12 @@ def warm_up(producer: DelayLevelProducer, counter: pulsar.Consumer, timeout_s: f
     """Return once a message due at once (released by the writer) and one parked in a delay-level
     partition (forwarded by the syncer, which subscribes every partition before its first forward,
     then released) have both reached the business topic."""
-    waiting = {WARM_UP + b"-near-term": 0, WARM_UP + b"-parked": 3 * UNIT_S * 1000}
-    for payload, delay in waiting.items():
+    delays = {WARM_UP + b"-near-term": 0, WARM_UP + b"-parked": 3 * UNIT_S * 1000}
+    for payload, delay in delays.items():
         assert producer.send(payload, delay_ms=delay).parked == (delay > 0), payload
-    deadline = time.monotonic() + timeout_s
-    while waiting and time.monotonic() < deadline:
-        try:
-            m = counter.receive(timeout_millis=200)
-        except pulsar.Timeout:
-            continue
-        counter.acknowledge(m)
-        waiting.pop(m.data(), None)
-    assert not waiting, f"the functions did not serve within {timeout_s:.0f} s: {sorted(waiting)} not released"
+    got = receive_payloads(counter, len(delays), timeout_s)
+    assert sorted(got) == sorted(p.decode() for p in delays), \
+        f"the functions did not serve within {timeout_s:.0f} s: released {got} of {sorted(delays)}"
 
 
 @pytest.mark.parametrize("kind", broker_kinds())
