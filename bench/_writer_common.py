@@ -368,7 +368,8 @@ def run_pipe(service_url: str, input_topic: str, output_topic: str, subscription
 
 
 # This file's commands that run bench/_pipe.py: the batched pipe and its floors.
-BATCHED_PIPES = ("batched-pipe", "journaled-pipe", "native-pipe", "journaled-native-pipe")
+PIPE_FLOORS = ("journaled-pipe", "native-pipe", "journaled-native-pipe")
+BATCHED_PIPES = ("batched-pipe", *PIPE_FLOORS)
 
 
 def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subscription: str,

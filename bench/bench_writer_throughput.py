@@ -111,19 +111,14 @@ def main() -> None:
     args = ap.parse_args()
     if args.messages < 2 or args.runs < 1 or args.payload_bytes < 10:
         ap.error("--messages >= 2, --runs >= 1 and --payload-bytes >= 10 are required")
-    rates: Dict[str, List[float]] = {k: [] for k in ("pipe", "batched-pipe", "journaled-pipe", "native-pipe",
-                                                     "journaled-native-pipe", "identity", "writer")}
+    rates: Dict[str, List[float]] = {k: [] for k in ("pipe", *wc.BATCHED_PIPES, "identity", "writer")}
     launched: Dict[str, List[float]] = {k: [] for k in rates}  # rates from launch
     with tempfile.TemporaryDirectory(prefix="bench-writer-tp-") as tmp, \
             EmbeddedBroker(data_dir=Path(tmp) / "broker") as broker:
         url = broker.service_url
         launchers: Dict[str, Callable[[wc.Topics, Path], Tuple[subprocess.Popen, Path]]] = {
-            "pipe": lambda t, wd: (wc.start_pipe(url, t, wd), wd / "pipe.log"),
-            "batched-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "batched-pipe"), wd / "batched-pipe.log"),
-            "journaled-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "journaled-pipe"), wd / "journaled-pipe.log"),
-            "native-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "native-pipe"), wd / "native-pipe.log"),
-            "journaled-native-pipe": lambda t, wd: (wc.start_pipe(url, t, wd, "journaled-native-pipe"),
-                                                    wd / "journaled-native-pipe.log"),
+            **{kind: (lambda t, wd, kind=kind: (wc.start_pipe(url, t, wd, kind), wd / f"{kind}.log"))
+               for kind in ("pipe", *wc.BATCHED_PIPES)},
             "identity": lambda t, wd: (wc.start_localrun(wc.write_identity_config(wd, t), url, wd), wd / "localrun.log"),
             "writer": lambda t, wd: (wc.start_localrun(wc.write_writer_config(wd, t), url, wd), wd / "localrun.log"),
         }
@@ -141,7 +136,7 @@ def main() -> None:
                       f"writer/batched-pipe {last['writer'] / last['batched-pipe']:.2f}  "
                       f"writer/journaled-native-pipe {last['writer'] / last['journaled-native-pipe']:.2f}  "
                       + "  ".join(f"{k}/batched-pipe {last[k] / last['batched-pipe']:.2f}"
-                                  for k in ("journaled-pipe", "native-pipe", "journaled-native-pipe")) + "  "
+                                  for k in wc.PIPE_FLOORS) + "  "
                       f"batched-pipe/pipe {last['batched-pipe'] / last['pipe']:.2f}  "
                       f"identity/pipe {last['identity'] / last['pipe']:.2f}  "
                       f"writer/identity {last['writer'] / last['identity']:.2f}", flush=True)
@@ -154,7 +149,7 @@ def main() -> None:
     print(f"writer/identity (runtime's own cost removed): {med['writer'] / med['identity']:.2f}")
     print(f"ratio writer/pipe: {med['writer'] / med['pipe']:.2f} (target >= 0.70)")
     print(f"ratio writer/batched-pipe: {med['writer'] / med['batched-pipe']:.2f}")
-    for k in ("journaled-pipe", "native-pipe", "journaled-native-pipe"):
+    for k in wc.PIPE_FLOORS:
         print(f"{k} {med[k]:,.0f} msg/s: {k}/batched-pipe {med[k] / med['batched-pipe']:.2f}")
     print(f"ratio writer/journaled-native-pipe (the writer against its floor): "
           f"{med['writer'] / med['journaled-native-pipe']:.2f}")
