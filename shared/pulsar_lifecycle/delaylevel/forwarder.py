@@ -316,9 +316,15 @@ class PartitionForwarder:
             self._gap_closed()
             return
         if self._read_gap is not None and now - self._gap_since >= GAP_READ_AFTER_S and nxt is not None:
-            self._read_the_gap(gate)
+            found = self._read_the_gap(gate)
             if not len(gate):
                 self._gap_closed()
+                return
+            if found:
+                # More wait beyond the next gap. pulsar-lite deals a subscription's messages to its
+                # consumers in turn, so a dead consumer's share is spread over many gaps: read the
+                # next one at once. Back off only while reads find nothing.
+                self._next_probe = now
                 return
         self._next_probe = now + self._probe_interval
         self._probe_interval = min(GAP_PROBE_MAX_S, 2 * self._probe_interval)
@@ -329,12 +335,12 @@ class PartitionForwarder:
                         "subscription; later ones wait so that nothing is forwarded out of order'", self.topic,
                         gate.frontier, nxt, gate.first_waiting(), len(gate), now - self._gap_since)
 
-    def _read_the_gap(self, gate: "OrderGate[pulsar.Message]") -> None:
+    def _read_the_gap(self, gate: "OrderGate[pulsar.Message]") -> int:
         """Admit what a Reader finds between the frontier and the first waiting message: the
         messages a consumer of the subscription holds and does not hand over (pulsar-lite: a dead
         one). They are forwarded in order like received ones; their acks through this consumer
         may be ignored by the broker, and when it hands them out later they are redeliveries of
-        handled positions (dropped, acked)."""
+        handled positions (dropped, acked). Returns how many the Reader found."""
         first = gate.first_waiting()
         assert self._read_gap is not None and first is not None
         found = self._read_gap(gate.frontier, first)
@@ -346,6 +352,7 @@ class PartitionForwarder:
                     "waited_s=%.1f reason='messages another consumer of the subscription holds and does not hand "
                     "over (pulsar-lite keeps a reset connection's consumers); read with a Reader'", self.topic,
                     len(found), admitted, len(gate), time.monotonic() - self._gap_since)
+        return len(found)
 
     def _hold(self, msg: pulsar.Message) -> None:
         """`_hold_at` reading the message's position from its id."""
