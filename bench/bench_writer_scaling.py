@@ -6,7 +6,7 @@ One embedded pulsar-lite broker. The scheduling topic has 4 partitions (addresse
    times are spread over the first second of loading, so all are due when the writers start;
 2. k writer instances start, each as its own `pulsar_lifecycle.cli localrun` process (one process
    per instance, as a Pulsar worker runs them): `--instance-id-offset i --num-instances k`, the
-   shipped partitioned config (function-configs/bucket-snapshot-writer-partitioned.yaml) with this
+   shipped partitioned config (function-configs/alternatives/bucket-snapshot-writer-partitioned.yaml) with this
    run's topics and one snapshotDir all of them share. Instance i owns the partitions k' with
    k' % k == i. (Each process subscribes the tick topic under its own subscription: pulsar-lite
    refuses a second connection's consumer on a subscription another connection holds.)
@@ -42,7 +42,7 @@ from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, RELEASED_AT_PR
 PARTITIONS = 4
 INSTANCES = (1, 2, 4)
 LOAD_WINDOW_MS = 1000
-PARTITIONED_CONFIG = wc.ROOT / "function-configs" / "bucket-snapshot-writer-partitioned.yaml"
+PARTITIONED_CONFIG = wc.ROOT / "function-configs" / "alternatives" / "bucket-snapshot-writer-partitioned.yaml"
 
 
 def preload(client: pulsar.Client, topics: List[str], n: int, payload_bytes: int) -> None:

@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from .config.settings import ConfigError, user_config_from_json
+from .local_paths import absolute_path
 from .logging_setup import default_client_log, route_client_log, setup_logging
 
 
@@ -133,8 +134,9 @@ def _user_config(raw: Optional[str]) -> Optional[Dict[str, Any]]:
 @click.option("--metrics-port-start", "metrics_port", type=int, default=None,
               help="Serve Prometheus metrics on 127.0.0.1:PORT (0 = any free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
-              help="Embedded broker data and local function state; kept across restarts.")
-@click.option("--embedded-broker-port", type=int, default=0, help="Port of the embedded broker (0 = a free one).")
+              callback=absolute_path, help="Embedded broker data and local function state; kept across restarts.")
+@click.option("--embedded-broker-port", type=int, default=0,
+              help="Port of the embedded broker (0 = the one this --data-dir last ran on, else a free one).")
 @click.option("--run-seconds", type=float, default=None, help="Stop by itself after this long (for scripts).")
 def localrun(config_file: Optional[str], broker_service_url: Optional[str], state_storage_service_url: Optional[str],
              user_config: Optional[str], parallelism: Optional[int], tenant: Optional[str], namespace: Optional[str],
@@ -201,10 +203,18 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
 @click.option("--target", type=click.Choice(["cluster", "localrun"]), default="cluster", show_default=True,
               help="Where the configs will run: cluster = pulsar-admin functions create under Pulsar's Python "
                    "runtime (workers with function state); localrun = pulsar-lifecycle localrun.")
+@click.option("--system", is_flag=True,
+              help="Also check that the configs join up as one system: every topic a function writes is read by "
+                   "one of them (outputs and dead letters excepted), every delayed message reaches a writer that "
+                   "accepts its target, no two share a name, and the delay-level topics producers use have a syncer.")
+@click.option("--delay-level-topic", "delay_level_topics", multiple=True,
+              help="With --system: a delay-level topic your producers park on, which needs a syncer in the set "
+                   "(repeatable; DelayLevelProducer's default is always checked).")
 @click.argument("files", nargs=-1, required=True, type=click.Path())
-def validate(target: str, files: Tuple[str, ...]) -> None:
+def validate(target: str, system: bool, delay_level_topics: Tuple[str, ...], files: Tuple[str, ...]) -> None:
     """Check function-config YAMLs for where they will run (exit 1 on problems): by default as
-    pulsar-admin functions create accepts and Pulsar's Python runtime starts them."""
+    pulsar-admin functions create accepts and Pulsar's Python runtime starts them; with --system
+    also as one set (a directory means its *.yaml files)."""
     from .config.validate import validate_each
     from .function_registry import FUNCTION_CHECKS, TARGET_CHECKS, USER_CONFIG_KEYS
 
@@ -218,10 +228,28 @@ def validate(target: str, files: Tuple[str, ...]) -> None:
                 click.echo(line, err=True)
         else:
             click.echo(f"OK: {name}")
-    if bad:
-        click.echo(f"{bad} of {len(results)} file(s) have problems", err=True)
+    dead_ends = _system_dead_ends(files, delay_level_topics) if system else []
+    for line in dead_ends:
+        click.echo(f"dead end: {line}", err=True)
+    if bad or dead_ends:
+        if bad:
+            click.echo(f"{bad} of {len(results)} file(s) have problems", err=True)
+        if dead_ends:
+            click.echo(f"{len(dead_ends)} dead end(s) in the set", err=True)
         sys.exit(1)
-    click.echo(f"OK: {len(results)} file(s) checked for {target}")
+    click.echo(f"OK: {len(results)} file(s) checked for {target}" + (", and they join up as one system" if system else ""))
+
+
+def _system_dead_ends(files: Tuple[str, ...], delay_level_topics: Tuple[str, ...]) -> List[str]:
+    """`validate --system`'s findings (config/system.py), with the delay-level topics producers use."""
+    from .cli_args import check_topic
+    from .config.validate import system_check
+    from .delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
+    from .function_registry import topology_of
+
+    parked = [(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")]
+    parked += [(check_topic("--delay-level-topic", t), "--delay-level-topic") for t in delay_level_topics]
+    return system_check(list(files), topology_of, parked)
 
 
 @main.command()

@@ -8,15 +8,18 @@ from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tup
 
 from .bucket.config import BucketConfig
 from .config.settings import settings_of, user_config_keys
-from .delaylevel.config import SyncerConfig
-from .deletion.config import DeletionConfig
+from .config.system import FunctionTopology, generic_topology
+from .delaylevel.config import SyncerConfig, syncer_topology
+from .deletion.config import DeletionConfig, worker_topology
 from .example import ExampleConfig
-from .scheduler.config import WriterConfig, check_writer_inputs
+from .scheduler.config import WriterConfig, check_writer_inputs, writer_topology
 from .scheduler.snapshot_location import location_problems
 
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
 #: (function config, target) -> problems there; targets in config/targets.py.
 TargetCheck = Callable[[Mapping[str, Any], str], List[str]]
+#: (function config, its file) -> what it reads, writes and serves (`validate --system`).
+Topology = Callable[[Mapping[str, Any], str], FunctionTopology]
 
 
 def _user_config(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -39,6 +42,7 @@ class FunctionEntry:
     parse: Callable[[Mapping[str, Any]], Any]
     other_checks: Optional[FunctionCheck] = None
     target_checks: Optional[TargetCheck] = None
+    topology: Topology = generic_topology
 
     @property
     def title(self) -> str:
@@ -61,11 +65,13 @@ class FunctionEntry:
 FUNCTIONS: Tuple[FunctionEntry, ...] = (
     FunctionEntry("example_function.ExampleFunction", (ExampleConfig,), ExampleConfig.from_user_config),
     FunctionEntry("bucket_snapshot_writer.BucketSnapshotWriter", (WriterConfig, BucketConfig),
-                  WriterConfig.from_user_config, check_writer_inputs, _writer_target_checks),
+                  WriterConfig.from_user_config, check_writer_inputs, _writer_target_checks, writer_topology),
     # Offline, a secret is only named: any name resolves.
     FunctionEntry("ledger_deletion_worker.LedgerDeletionWorker", (DeletionConfig,),
-                  lambda user: DeletionConfig.from_user_config(user, lambda name: "(offline)")),
-    FunctionEntry("delay_level_syncer.DelayLevelSyncer", (SyncerConfig,), SyncerConfig.from_user_config),
+                  lambda user: DeletionConfig.from_user_config(user, lambda name: "(offline)"),
+                  topology=worker_topology),
+    FunctionEntry("delay_level_syncer.DelayLevelSyncer", (SyncerConfig,), SyncerConfig.from_user_config,
+                  topology=syncer_topology),
 )
 
 USER_CONFIG_KEYS: Dict[str, Collection[str]] = {
@@ -79,3 +85,12 @@ FUNCTION_CHECKS: Dict[str, FunctionCheck] = {entry.class_name: entry.check for e
 TARGET_CHECKS: Dict[str, TargetCheck] = {
     entry.class_name: entry.target_checks for entry in FUNCTIONS if entry.target_checks is not None
 }
+
+_TOPOLOGIES: Dict[str, Topology] = {entry.class_name: entry.topology for entry in FUNCTIONS}
+
+
+def topology_of(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
+    """What a function config reads, writes and serves; a class this package does not ship reads
+    its inputs and writes its output. ValueError (ConfigError) when the config cannot say."""
+    class_name = cfg.get("className")
+    return _TOPOLOGIES.get(class_name if isinstance(class_name, str) else "", generic_topology)(cfg, source)

@@ -1,4 +1,4 @@
-"""Writer scale-out (function-configs/bucket-snapshot-writer-partitioned.yaml) on pulsar-lite and
+"""Writer scale-out (function-configs/alternatives/bucket-snapshot-writer-partitioned.yaml) on pulsar-lite and
 on real Apache Pulsar: 4 scheduling partitions, `localrun --parallelism` 1 -> 2 -> 3 -> 1 with a
 SIGKILL before every change. Every message is released exactly once (counted on the output topic
 from its start) and none before its deliver-at time; each phase's partition leases name the
@@ -38,7 +38,7 @@ PER_PARTITION = 40  # per phase
 
 
 def _config(tmp_path: Path, unique: str) -> tuple:
-    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer-partitioned.yaml")
+    cfg = load_function_config(REPO / "function-configs" / "alternatives" / "bucket-snapshot-writer-partitioned.yaml")
     sched = f"persistent://public/default/so-sched-{unique}"
     ticks = f"persistent://public/default/so-ticks-{unique}"
     out = f"persistent://public/default/so-out-{unique}"

@@ -13,7 +13,7 @@ from support.paths import REPO
 DOC_FILES = sorted((REPO / "docs").glob("*.md")) + [REPO / "README.md"]
 _FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 #: A block showing part of a shipped config starts `# function-configs/<file>.yaml (abridged)`.
-_ABRIDGED = re.compile(r"^#\s*(function-configs/[\w.-]+\.ya?ml)\s*\(abridged\)")
+_ABRIDGED = re.compile(r"^#\s*(function-configs/[\w./-]+\.ya?ml)\s*\(abridged\)")
 
 
 @dataclass(frozen=True)

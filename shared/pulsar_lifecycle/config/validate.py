@@ -20,7 +20,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Collection, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError, is_named_entity
 from .exceptions import ConfigError
@@ -41,6 +41,7 @@ from .function_config import (
     FunctionConfigError,
     load_function_config_with_lines,
 )
+from .system import FunctionTopology, system_problems
 from .targets import CLUSTER, TARGETS
 
 logger = logging.getLogger(__name__)
@@ -613,3 +614,32 @@ def validate_each(
         logger.debug("validated function config %s: %d problem(s)", f, len(found))
         results.append((str(f), found))
     return results
+
+
+def system_check(
+    paths: Iterable[Union[str, Path]],
+    topology_of: Callable[[Mapping[str, Any], str], FunctionTopology],
+    parked_on: Sequence[Tuple[str, str]] = (),
+) -> List[str]:
+    """`validate --system`: do the configs the paths name join up as one system? One line per
+    dead end (config/system.py); a file that cannot be read or analysed is one line too.
+
+    `topology_of(config, file name)` describes a config (function_registry.topology_of);
+    `parked_on` names delay-level topics producers use, each of which needs a syncer in the set.
+    """
+    functions: List[FunctionTopology] = []
+    problems: List[str] = []
+    for f in _expand(paths):
+        if isinstance(f, str):
+            problems.append(f)
+            continue
+        try:
+            cfg, _lines = load_function_config_with_lines(f)
+            if not isinstance(cfg, Mapping):
+                raise FunctionConfigError(f"{f}: function config must be a mapping of field names")
+            functions.append(topology_of(cfg, f.name))
+        except FunctionConfigError as exc:
+            problems.append(str(exc))
+        except (ValueError, TypeError) as exc:  # the per-file checks name the key; here: what is not analysed
+            problems.append(f"{f}: cannot tell what it reads and writes: {exc}")
+    return problems + system_problems(functions, parked_on)

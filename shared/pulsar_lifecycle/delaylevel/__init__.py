@@ -14,10 +14,20 @@ from .errors import (
     ShrinkRefusedError,
     StrategyError,
 )
-from .rule import cancel_topic, dead_letter_topic, default_delay_level_topic, forward_at, partition_topic, sequence_id
+from .rule import (
+    DEFAULT_DELAY_LEVEL_TOPIC,
+    cancel_topic,
+    dead_letter_topic,
+    dedicated_delay_level_topic,
+    default_delay_level_topic,
+    forward_at,
+    partition_topic,
+    sequence_id,
+)
 from .strategy import DelayLevelTopicPartitionStrategy, PartitionBy
 
 __all__ = [
+    "DEFAULT_DELAY_LEVEL_TOPIC",
     "ConfigError",
     "DelayLevelError",
     "DelayLevelTopicPartitionStrategy",
@@ -29,6 +39,7 @@ __all__ = [
     "StrategyError",
     "cancel_topic",
     "dead_letter_topic",
+    "dedicated_delay_level_topic",
     "default_delay_level_topic",
     "forward_at",
     "partition_topic",

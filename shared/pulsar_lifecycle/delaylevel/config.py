@@ -5,8 +5,10 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
 from ..config.settings import check_settings, parse_settings, setting, user_config_keys
+from ..config.system import FOR_OPERATORS, FunctionTopology, Write, config_inputs, function_name
 from ..dedup.publisher import normalize_topic
 from .errors import ConfigError
+from .rule import cancel_topic, dead_letter_topic, partition_topic
 from .strategy import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_MAX_PARTITIONS, DelayLevelTopicPartitionStrategy
 
 __all__ = ["ConfigError", "SyncerConfig", "all_user_config_keys", "parse_syncer_config"]
@@ -18,7 +20,7 @@ class SyncerConfig:
 
     delay_level_topic: str = setting(
         'delayLevelTopic', '',
-        'The delay-level topic whose partitions (`<topic>-partition-<k>`) this syncer reads. Required. Producers default it to `<business topic>-delay-level`.')
+        'The delay-level topic whose partitions (`<topic>-partition-<k>`) this syncer reads. Required. DelayLevelProducer parks on `persistent://public/default/delay-level` by default (the shipped config\'s), shared by every business topic: each parked message carries its own target. A topic no syncer reads is a dead end (`pulsar-lifecycle validate --system`).')
     message_maximum_delay_time_seconds: int = setting(
         'messageMaximumDelayTimeSeconds', DEFAULT_MAX_DELAY_SECONDS,
         "The strategy's maximum delay (seed default 30 days); with `partitionBy` it gives the partition count floor(max / unit). Must match the producers'.")
@@ -150,3 +152,21 @@ def all_user_config_keys() -> List[str]:
 def parse_syncer_config(user_config: Optional[Mapping[str, Any]]) -> SyncerConfig:
     """userConfig -> SyncerConfig (SyncerConfig.from_user_config)."""
     return SyncerConfig.from_user_config(user_config)
+
+
+def syncer_topology(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
+    """What a DelayLevelSyncer config reads, writes and serves (`validate --system`): it reads the
+    delay-level partitions and cancels and forwards each parked message to its own business topic
+    (`__pl_target__`, which no config names), through the writer's scheduling topic with the
+    `scheduler` backend; messages it cannot forward go to `<delay-level topic>-DLQ`."""
+    raw = cfg.get("userConfig")
+    sc = parse_syncer_config(raw if isinstance(raw, Mapping) else {})
+    dl = sc.delay_level_topic
+    reads = [*config_inputs(cfg), dl, cancel_topic(dl),
+             *(partition_topic(dl, k) for k in range(sc.strategy.partitions))]
+    via = sc.scheduling_topic if sc.near_term_backend == "scheduler" else ""
+    writes = [Write("forwards of parked messages (to each message's business topic)", "", via=via),
+              Write("dead letters", dead_letter_topic(dl), FOR_OPERATORS)]
+    if sc.tick_topic:
+        writes.append(Write("wake ticks", normalize_topic(sc.tick_topic)))
+    return FunctionTopology(source, function_name(cfg), tuple(dict.fromkeys(reads)), tuple(writes), syncs=(dl,))

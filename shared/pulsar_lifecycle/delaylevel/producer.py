@@ -65,7 +65,9 @@ class DelayLevelProducer:
         topic: the business topic (where the message is finally delivered).
         near_term: the near-term path (DelayedProducer, scheduler or broker backend).
         strategy: partitioning of the delay-level topic (the seed's defaults: 30 days, DAY).
-        delay_level_topic: its name; default `<topic>-delay-level` (rule.default_delay_level_topic).
+        delay_level_topic: its name; default the shared DEFAULT_DELAY_LEVEL_TOPIC
+            (`persistent://public/default/delay-level`), which the shipped syncer serves; every
+            parked message carries `topic` in `__pl_target__`, and the syncer forwards it there.
         enabled: the seed's enableDelayLevelTopic; False sends every message on the near-term path.
         clock: ms since the epoch (the producer's clock; recorded on each parked message).
         batching_max_messages: messages per batch, at most half the syncer's receiverQueueSize
@@ -86,7 +88,7 @@ class DelayLevelProducer:
         self.topic = topic
         self.near_term = near_term
         self.strategy = strategy or DelayLevelTopicPartitionStrategy()
-        self.delay_level_topic = delay_level_topic or default_delay_level_topic(topic)
+        self.delay_level_topic = delay_level_topic or default_delay_level_topic()
         self.enabled = enabled
         self.clock = clock
         if batching_max_messages < 2:

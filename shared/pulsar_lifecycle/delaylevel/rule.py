@@ -30,7 +30,9 @@ __all__ = [
     "ORIGIN_PARTITION_PROP",
     "Parked",
     "cancel_topic",
+    "DEFAULT_DELAY_LEVEL_TOPIC",
     "dead_letter_topic",
+    "dedicated_delay_level_topic",
     "default_delay_level_topic",
     "forward_at",
     "parse_parked",
@@ -46,12 +48,22 @@ ORIGIN_PARTITION_PROP = "__pl_dl_origin_partition__"  # on forwarded messages: t
 ORIGIN_MSG_ID_PROP = "__pl_dl_origin_msg_id__"  # on forwarded messages: "<ledger>:<entry>[:<batch>]"
 CANCEL_PARTITION_PROP = "__pl_dl_cancel_partition__"  # on cancel requests: the partition index
 
+#: The one delay-level topic every DelayLevelProducer parks on unless told otherwise, and the one the
+#: shipped DelayLevelSyncer (function-configs/delay-level-syncer.yaml) serves: shared by every
+#: business topic, each parked message carrying its own in `__pl_target__`.
+DEFAULT_DELAY_LEVEL_TOPIC = "persistent://public/default/delay-level"
 DEFAULT_SUFFIX = "-delay-level"
 _LEDGER_LIMIT = (1 << 31) - 1  # so that the +1 below stays within a signed 64-bit id
 
 
-def default_delay_level_topic(business_topic: str) -> str:
-    """`<business topic>-delay-level`, in the business topic's namespace (the naming rule)."""
+def default_delay_level_topic() -> str:
+    """The shared delay-level topic producers park on by default (DEFAULT_DELAY_LEVEL_TOPIC)."""
+    return DEFAULT_DELAY_LEVEL_TOPIC
+
+
+def dedicated_delay_level_topic(business_topic: str) -> str:
+    """`<business topic>-delay-level`: a delay-level topic of one business topic's own, in its
+    namespace (needs a syncer of its own)."""
     return f"{business_topic}{DEFAULT_SUFFIX}"
 
 

@@ -19,6 +19,7 @@ from ..config.settings import (
     to_str_list,
     user_config_keys,
 )
+from ..config.system import FOR_OPERATORS, FunctionTopology, Write, config_inputs, function_name
 from ..topics import FULL_NAME_PREFIXES
 from .topics import SCOPES, DeletionTopics
 
@@ -178,3 +179,32 @@ class DeletionConfig:
 def all_user_config_keys() -> List[str]:
     """Every userConfig key LedgerDeletionWorker (and the phase-one service) understands."""
     return user_config_keys(DeletionConfig)
+
+
+def worker_topology(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
+    """What a LedgerDeletionWorker config reads and writes (`validate --system`): its retries and
+    phase one's requests (sendDelaySeconds, sent by the services that enqueue with this config)
+    to the deletion and RETRY partitions of each tenant its inputs name, delayed through
+    `schedulingTopic` with the scheduler backend, and dead letters to the DLQ."""
+    raw = cfg.get("userConfig")
+    config = DeletionConfig.from_user_config(raw if isinstance(raw, Mapping) else {}, lambda name: "(offline)")
+    topics = config.topics
+    inputs = config_inputs(cfg)
+    tenants: List[Optional[str]] = [None]
+    if topics.scope == "tenant":
+        tenants = []
+        for topic in inputs:
+            try:
+                tenants.append(topics.classify(topic).tenant)
+            except ValueError:
+                continue  # not a deletion topic: reported by the reads check if it matters
+        tenants = list(dict.fromkeys(tenants))
+    via = (config.scheduling_topic or "") if config.delay_backend == "scheduler" else ""
+    writes: List[Write] = []
+    for tenant in tenants:
+        writes += [Write("retries (reconsumeLaterSeconds)", topics.retry_partition(k, tenant),
+                         via=via if config.reconsume_later_seconds > 0 else "") for k in range(topics.parallelism)]
+        writes += [Write("phase one's requests (sendDelaySeconds)", topics.deletion_partition(k, tenant),
+                         via=via if config.send_delay_seconds > 0 else "") for k in range(topics.parallelism)]
+        writes.append(Write("dead letters", topics.dlq_topic(tenant), FOR_OPERATORS))
+    return FunctionTopology(source, function_name(cfg), inputs, tuple(writes))

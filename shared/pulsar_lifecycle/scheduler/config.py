@@ -16,8 +16,10 @@ from ..config.settings import (
     to_str,
     user_config_keys,
 )
+from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
 from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig
+from ..deletion.topics import DeletionTopics
 
 TICK_MODES = ("hold", "runner", "chain")
 #: snapshotStorage values: `auto` decides per runtime (scheduler/snapshot_location.py).
@@ -50,9 +52,9 @@ class WriterConfig:
     snapshot_storage_service_url: str = setting(
         'snapshotStorageServiceUrl', '',
         '`bk://host:4181` of the BookKeeper table service keeping the index: required with `bookkeeper`; with `auto` it replaces the function state\'s table service.')
-    allowed_target_prefix: str = setting(
-        'allowedTargetPrefix', '',
-        'Per-message targets (`__pl_target__`) must start with this prefix; empty = per-message targets refused.')
+    allowed_target_prefix: Tuple[str, ...] = setting(
+        'allowedTargetPrefix', (),
+        'Per-message targets (`__pl_target__`) must start with one of these prefixes: a list, or one string (several comma-separated, for `--user-config` JSON); empty = per-message targets refused. List every target the functions that delay through this writer use (the shipped config: `persistent://public/default/` and the deletion topics `persistent://pulsar/system/__ledger_deletion`).')
     max_delay_seconds: int = setting(
         'maxDelaySeconds', 400 * 86400,
         'Deliver-at times further than this in the future are refused (sent to invalidMessageTopic).',
@@ -124,8 +126,8 @@ class WriterConfig:
 
     @property
     def allowed_target_prefixes(self) -> tuple:
-        """Per-message targets accepted: the configured prefix, plus the deletion topics with two-phase."""
-        out = [self.allowed_target_prefix] if self.allowed_target_prefix else []
+        """Per-message targets accepted: the configured prefixes, plus the deletion topics with two-phase."""
+        out = list(self.allowed_target_prefix)
         if self.snapshot_deletion == "two-phase":
             out.append(f"persistent://{self.snapshot_deletion_namespace}/{self.snapshot_deletion_topic_name}")
         return tuple(out)
@@ -270,3 +272,28 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return problems
+
+
+def writer_topology(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
+    """What a BucketSnapshotWriter config reads, writes and serves (`validate --system`);
+    ValueError/ConfigError when the config cannot say."""
+    raw = cfg.get("userConfig")
+    user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    inputs = config_inputs(cfg)
+    topic, _direct = scheduling_input(inputs, user)
+    wc = parse_writer_config(user, topic=topic)
+    partitions = [f"{topic}-partition-{k}" for k in range(wc.scheduling_topic_partitions)]
+    writes = [Write("wake ticks", normalize_topic(wc.tick_topic))] if wc.tick_topic else []
+    output = cfg.get("output")
+    if isinstance(output, str) and output:
+        writes.append(Write("releases", normalize_topic(output), OUTPUT))
+    writes.append(Write("refused scheduling messages", normalize_topic(wc.invalid_message_topic or f"{topic}-INVALID"),
+                        FOR_OPERATORS))
+    if wc.snapshot_deletion == "two-phase":
+        deletion = DeletionTopics(namespace=wc.snapshot_deletion_namespace, topic_name=wc.snapshot_deletion_topic_name,
+                                  parallelism=wc.snapshot_deletion_parallelism)
+        via = topic if wc.snapshot_deletion_send_delay_seconds > 0 else ""
+        writes += [Write("two-phase snapshot deletion requests", deletion.deletion_partition(k), via=via)
+                   for k in range(deletion.parallelism)]
+    return FunctionTopology(source, function_name(cfg), tuple(dict.fromkeys([*inputs, topic, *partitions])),
+                            tuple(writes), (Scheduling(topic, tuple(wc.allowed_target_prefixes)),))

@@ -6,11 +6,12 @@ one `--data-dir` (the broker's store, the function state, the writer's bucket sn
 same layout `localrun` uses, so a restart with the same directory picks up where the last run
 stopped and `inspect writer --data-dir DIR` reads what `up` runs.
 
-The configs are wired together for one machine: the functions that delay through the writer
-(the deletion worker's retries, the syncer's forwards) use the scheduling topic of the writer
-that runs here; on the embedded broker the deletion worker runs without the admin REST and
-bookie HTTP URLs (pulsar-lite has neither), and the writer and syncer record their metrics
-every `METRICS_INTERVAL_S` seconds for the status view.
+The configs run as given: the shipped set joins up by itself (the deletion worker's delays and
+the syncer's forwards go to the shipped writer's scheduling topic), and whatever in a custom set
+does not join up (`validate --system`) is reported when it starts, never rewired. For
+one machine only: on the embedded broker the deletion worker runs without the admin REST and
+bookie HTTP URLs (pulsar-lite has neither), and the writer and syncer record their metrics every
+`METRICS_INTERVAL_S` seconds for the status view.
 """
 from __future__ import annotations
 
@@ -22,7 +23,10 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..config.function_config import load_function_config, spec_from_config
-from ..function_registry import USER_CONFIG_KEYS
+from ..config.system import system_problems
+from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
+from ..function_registry import USER_CONFIG_KEYS, topology_of
+from ..local_paths import absolute
 from ..logging_setup import route_client_log
 from ..runtime.broker import EmbeddedBroker
 from ..runtime.client import quiet_client
@@ -52,8 +56,8 @@ class FunctionPlan:
 
 
 def _configs(files: Sequence[Path]) -> Tuple[List[Tuple[Path, Dict[str, Any]]], List[str]]:
-    """(configs to run, notes on skipped ones): one config per function name, the file with the
-    shortest name winning (`bucket-snapshot-writer.yaml` over `...-partitioned.yaml`)."""
+    """(configs to run, notes on skipped ones): one config per function name (two cannot run
+    at once), the file with the shortest name winning."""
     loaded = [(path, load_function_config(path)) for path in sorted(files, key=lambda p: (len(p.name), p.name))]
     chosen: Dict[str, Tuple[Path, Dict[str, Any]]] = {}
     notes = []
@@ -67,23 +71,27 @@ def _configs(files: Sequence[Path]) -> Tuple[List[Tuple[Path, Dict[str, Any]]], 
     return list(chosen.values()), notes
 
 
+def _dead_ends(configs: Sequence[Tuple[Path, Dict[str, Any]]]) -> List[str]:
+    """What in the configs that run does not join up (config/system.py), as notes."""
+    try:
+        functions = [topology_of(cfg, path.name) for path, cfg in configs]
+    except (ValueError, TypeError):
+        return []  # a config the functions refuse: its own start reports it
+    return [f"dead end: {line}" for line in
+            system_problems(functions, [(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")])]
+
+
 def plan_functions(files: Sequence[Path], embedded: bool) -> Tuple[List[FunctionPlan], List[str]]:
-    """The functions to run, wired for one machine (see the module docstring), in start order."""
+    """The functions to run, in start order, with the changes for one machine (see the module
+    docstring); the notes name skipped configs and what does not join up."""
     configs, notes = _configs(files)
-    specs = [(path, cfg, spec_from_config(cfg)) for path, cfg in configs]
-    writer = next((spec for _, _, spec in specs if spec.class_name == WRITER), None)
-    scheduling = (writer.user_config or {}).get("schedulingTopic") if writer is not None else None
+    notes += _dead_ends(configs)
     plans = []
-    for path, cfg, spec in specs:
+    for path, cfg in configs:
+        spec = spec_from_config(cfg)
         user = dict(spec.user_config or {})
         changes = []
         keys = USER_CONFIG_KEYS.get(spec.class_name, ())
-        if scheduling and spec.class_name in (SYNCER, WORKER) and user.get("schedulingTopic") not in (None, scheduling):
-            uses_writer = (user.get("delayBackend", "scheduler") == "scheduler" if spec.class_name == WORKER
-                           else user.get("nearTermBackend", "scheduler") == "scheduler")
-            if uses_writer:
-                changes.append(f"schedulingTopic={scheduling} (the writer running here)")
-                user["schedulingTopic"] = scheduling
         if embedded and spec.class_name == WORKER:
             dropped = [k for k in LITE_UNSERVED_KEYS if k in user]
             for k in dropped:
@@ -123,6 +131,7 @@ class LocalService:
     def start(self) -> "LocalService":
         """Start the broker (unless external), then every function in plan order; on a failure
         stop what started and raise."""
+        self.data_dir = absolute(self.data_dir)  # one state per directory, however it was spelled
         prepare_data_dir(self.data_dir)
         self.client_log = route_client_log(self.data_dir / "pulsar-client.log")
         try:

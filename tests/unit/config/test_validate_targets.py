@@ -18,7 +18,7 @@ from pulsar_lifecycle.function_registry import FUNCTION_CHECKS, TARGET_CHECKS, U
 from support.docs_blocks import config_of, doc_blocks
 from support.paths import REPO
 
-SHIPPED = sorted((REPO / "function-configs").glob("*.yaml"))
+SHIPPED = sorted([*(REPO / "function-configs").glob("*.yaml"), *(REPO / "function-configs" / "alternatives").glob("*.yaml")])
 YAML_BLOCKS = doc_blocks("yaml")
 WRITER = REPO / "function-configs" / "bucket-snapshot-writer.yaml"
 

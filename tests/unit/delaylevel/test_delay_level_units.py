@@ -6,6 +6,7 @@ import random
 
 import pytest
 
+from pulsar_lifecycle.config.function_config import load_function_config
 from pulsar_lifecycle.delaylevel import (
     DelayLevelTopicPartitionStrategy,
     DelayTooLongError,
@@ -21,12 +22,15 @@ from pulsar_lifecycle.delaylevel.errors import ParkedMessageError
 from pulsar_lifecycle.delaylevel.rule import (
     BASE_PROP,
     LEVEL_PROP,
+    dedicated_delay_level_topic,
     default_delay_level_topic,
     parse_parked,
     partition_topic,
     source_position,
+    tick_topic,
 )
 from pulsar_lifecycle.delaylevel.service import check_partition_count
+from support.paths import REPO
 
 DAY_MS = 86_400_000
 
@@ -125,8 +129,13 @@ def test_sequence_ids_increase_with_position_and_are_positive():
 
 def test_names():
     t = "persistent://public/default/orders"
-    assert default_delay_level_topic(t) == "persistent://public/default/orders-delay-level"
-    assert partition_topic(default_delay_level_topic(t), 3) == "persistent://public/default/orders-delay-level-partition-3"
+    # one shared topic by default, the one the shipped syncer serves; a dedicated one on request
+    assert default_delay_level_topic() == "persistent://public/default/delay-level"
+    shipped = load_function_config(REPO / "function-configs" / "delay-level-syncer.yaml")["userConfig"]
+    assert shipped["delayLevelTopic"] == default_delay_level_topic()
+    assert shipped["tickTopic"] == tick_topic(default_delay_level_topic())
+    assert dedicated_delay_level_topic(t) == "persistent://public/default/orders-delay-level"
+    assert partition_topic(dedicated_delay_level_topic(t), 3) == "persistent://public/default/orders-delay-level-partition-3"
 
 
 def test_parse_parked_names_the_bad_property():
