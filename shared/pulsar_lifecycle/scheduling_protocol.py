@@ -12,6 +12,11 @@ Message references (`MessageRef`): a scheduling message is named by its position
   unique across a topic's partitions)
 * `__pl_origin_msg_id__`  "<ledgerId>:<entryId>:<partition>[:<batchIndex>]"  on releases; the
   batch index is present exactly for a batched scheduling message, 0 included
+
+Cancel outcomes: a cancel that carries `__pl_reply_to__` = `cancel_reply_topic(<the scheduling
+topic or partition it was sent to>)` is answered on that topic by one message per cancel, whose
+properties hold `__pl_cancel_outcome__` (one of CANCEL_OUTCOMES), `__pl_cancel__` (the target, as
+the cancel named it) and `__pl_origin_msg_id__` (the cancel message's own position).
 """
 from __future__ import annotations
 
@@ -22,7 +27,11 @@ from .exceptions import PulsarLifecycleError
 
 __all__ = [
     "BATCH_INDEX_PROP",
+    "CANCEL_OUTCOMES",
+    "CANCEL_OUTCOME_PROP",
     "CANCEL_PROP",
+    "CANCEL_REPLY_SUFFIX",
+    "REPLY_TO_PROP",
     "DELIVER_AT_PROP",
     "ERROR_PROP",
     "ORIGIN_MSG_ID_PROP",
@@ -30,6 +39,7 @@ __all__ = [
     "TARGET_PROP",
     "TICK_PROP",
     "MessageRef",
+    "cancel_reply_topic",
     "ProtocolError",
     "format_message_ref",
     "format_origin_msg_id",
@@ -45,6 +55,12 @@ ORIGIN_MSG_ID_PROP = "__pl_origin_msg_id__"  # MessageRef.format() of the schedu
 RELEASED_AT_PROP = "__pl_released_at__"  # on releases: the writer's clock (ms) when it sent them
 ERROR_PROP = "__pl_error__"  # on a message sent to an -INVALID topic or a DLQ: the reason
 TICK_PROP = "__pl_tick__"  # on wake ticks (the writer's own and the local runner's): sender's clock, ms
+REPLY_TO_PROP = "__pl_reply_to__"  # on a cancel: the topic to answer on (cancel_reply_topic only)
+CANCEL_OUTCOME_PROP = "__pl_cancel_outcome__"  # on a cancel's answer: one of CANCEL_OUTCOMES
+CANCEL_REPLY_SUFFIX = "-CANCEL-REPLY"
+# cancelled: pending, it will not be delivered; already_released: delivered before the cancel;
+# not_known_yet: no such message indexed (yet): the cancel is kept in case it is on its way.
+CANCEL_OUTCOMES = ("cancelled", "already_released", "not_known_yet")
 # Kept with an indexed item whose scheduling message was the first of a batch (batch index 0):
 # the index id cannot tell it from a message that was not batched. Internal: never released.
 BATCH_INDEX_PROP = "__pl_batch_index__"
@@ -125,6 +141,11 @@ class MessageRef:
         """The ref of a pulsar-client MessageId (`ledger_id()`, `entry_id()`, `batch_index()`)."""
         return cls(message_id.ledger_id(), message_id.entry_id(), partition,  # type: ignore[attr-defined]
                    message_id.batch_index())  # type: ignore[attr-defined]
+
+
+def cancel_reply_topic(scheduling_topic: str) -> str:
+    """The topic a writer answers cancels on: `<scheduling topic or partition>-CANCEL-REPLY`."""
+    return f"{scheduling_topic}{CANCEL_REPLY_SUFFIX}"
 
 
 def parse_deliver_at(value: str) -> int:

@@ -54,6 +54,7 @@ from .memory import release_free_memory
 from .merge import merge_window, write_merged
 from .metrics import OpMetrics
 from .mutable_bucket import MutableBucket
+from .positions import format_user_id
 from .records import (
     MAX_ENTRY_ID,
     MAX_U64,
@@ -369,7 +370,8 @@ class BucketIndex:
                 if seen and not self._pending.contains(ledger_id, entry_id):
                     return CancelResult.ALREADY_RELEASED
                 self._tombstones.add(ledger_id, entry_id)
-            logger.info("cancelled delayed message %d:%d%s", ledger_id, entry_id, "" if seen else " before its add")
+            logger.info("event=delayed_message_cancelled id=%s before_add=%s", format_user_id(ledger_id, entry_id),
+                        str(not seen).lower())
             return CancelResult.CANCELLED if seen else CancelResult.CANCELLED_BEFORE_ADD
 
     # ------------------------------------------------------------------------ sealing -------

@@ -20,6 +20,7 @@ from ..config.settings import ConfigError
 from ..dedup.publisher import DedupPublisher, normalize_topic
 from ..partition_assignment import PartitionAssignment, partition_label
 from ..runtime.context_api import num_instances, pulsar_client
+from ..scheduling_protocol import cancel_reply_topic
 from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
@@ -180,7 +181,7 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
                                    client, context.record_metric, resources=resources, source_factory=source_factory,
-                                   runtime_input=runtime_input)
+                                   runtime_input=runtime_input, reply_topic=cancel_reply_topic(names.topic))
         if runtime_input is not None and cfg.tick_topic:
             # A start that fails once the runtime's input is closed has no redelivered scheduling
             # message to retry it: a tick does (the hook arm_wake sets once the service runs).

@@ -1,7 +1,7 @@
 """Turning a scheduling-topic message into an index item, a cancel, or a refusal with a reason."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 from ..bucket import positions
@@ -11,6 +11,7 @@ from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
     CANCEL_PROP,
     DELIVER_AT_PROP,
+    REPLY_TO_PROP,
     TARGET_PROP,
     ProtocolError,
     parse_cancel_target,
@@ -24,10 +25,18 @@ _NOT_KEPT = frozenset((TARGET_PROP, BATCH_INDEX_PROP) + DEDUP_PROPERTIES)
 
 @dataclass(frozen=True)
 class Cancel:
-    """A request to cancel the scheduling message at (ledger_id, entry_id)."""
+    """A request to cancel the scheduling message at (ledger_id, entry_id) (entry_id an index id).
+
+    `target` is the target as the cancel named it (the id its user sees), `source` the cancel
+    message's own (ledger, entry, partition, batch index), `reply_to` the topic it asks to be
+    answered on (empty: no answer)."""
 
     ledger_id: int
     entry_id: int
+    # Not part of what is cancelled (equality): how it was asked and where to answer.
+    target: str = field(default="", compare=False)
+    source: Tuple[int, int, int, int] = field(default=(-1, -1, -1, -1), compare=False)
+    reply_to: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -63,7 +72,7 @@ def classify(
             target_entry = positions.encode(eid, bidx)
             if target_entry is None:
                 return Invalid(f"{CANCEL_PROP}={properties[CANCEL_PROP]!r} is beyond the index's position range")
-            return Cancel(lid, target_entry)
+            return Cancel(lid, target_entry, properties[CANCEL_PROP], position, properties.get(REPLY_TO_PROP, ""))
         if DELIVER_AT_PROP not in properties:
             return Invalid(f"missing {DELIVER_AT_PROP} (deliver-at, ms since epoch)")
         deliver_at = parse_deliver_at(properties[DELIVER_AT_PROP])

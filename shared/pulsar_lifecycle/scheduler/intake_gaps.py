@@ -63,6 +63,10 @@ log = logging.getLogger(__name__)
 Entry = Tuple[int, int]  # (ledger id, entry id) of the scheduling topic
 
 STATE_KEY = "intake/unresolved"
+# The entry through which everything was handled, kept when it is beyond the index's last added
+# entry (the last entries were cancels or refusals, which add nothing): without it every start
+# read those again from the index's last entry and applied them again.
+HANDLED_KEY = "intake/handled"
 CHECK_MIN_S, CHECK_MAX_S = 0.25, 5.0  # between looks at the topic's end (backing off while caught up)
 LAG_S = 0.5  # not at the end the topic had this long ago, without a full batch since: starved
 HOLE_GRACE_S = 0.25  # a hole open this long is read (Apache Pulsar fills one by redelivery within ms)
@@ -163,11 +167,18 @@ class IntakeGaps:
         self._rules = rules
         self._partition = TopicName.from_client(topic).partition_index
         floor = engine.last_added_entry()
+        handled = self._kept(HANDLED_KEY)
+        complete = handled is not None and (floor is None or handled > floor)
+        if complete:
+            floor = handled  # every entry up to it, its own included, is handled
         kept = self._kept()
-        if floor is not None and kept is not None:
-            floor = min(floor, kept)
+        if floor is not None and kept is not None and kept < floor:
+            floor, complete = kept, False
         self.frontier = IntakeFrontier(floor)
+        if complete:
+            self.frontier.start_open = False
         self._persisted: Optional[Entry] = kept
+        self._persisted_handled: Optional[Entry] = handled
         self._next_check = time.monotonic() + CHECK_MIN_S
         self._check_s = CHECK_MIN_S
         self._ends: Deque[Tuple[float, Entry]] = deque()  # (when, the topic's last entry then)
@@ -186,9 +197,9 @@ class IntakeGaps:
             log.info("event=intake_gaps_floor topic=%s floor=%s kept=%s", topic, floor, kept)
 
     # -- the function state: where an unresolved gap began, with the index it belongs to ---------
-    def _kept(self) -> Optional[Entry]:
+    def _kept(self, key: str = STATE_KEY) -> Optional[Entry]:
         try:
-            raw = self._state.get(STATE_KEY)
+            raw = self._state.get(key)
         except Exception as exc:  # without it the floor is the index's last entry
             log.warning("event=intake_gaps_state_unreadable topic=%s error=%r", self.topic, exc)
             return None
@@ -202,6 +213,7 @@ class IntakeGaps:
             return None
 
     def _persist(self) -> None:
+        self._persist_handled()
         want = self.frontier.frontier if self.frontier.unresolved else None
         if want == self._persisted:
             return
@@ -212,14 +224,35 @@ class IntakeGaps:
         except Exception as exc:  # the next change writes it again; a restart reads from a lower floor
             log.warning("event=intake_gaps_state_write_failed topic=%s error=%r", self.topic, exc)
 
+    def _persist_handled(self) -> None:
+        """Keep the frontier when everything up to it is handled and it lies beyond the index's last
+        added entry (a state write only after a batch that ends in cancels or refusals)."""
+        f = self.frontier.frontier
+        if f is None:
+            # No floor (a new index) tracks no gaps: the furthest entry delivered is as good a
+            # floor for the next start as the index's last added entry, which is one too.
+            f = self._delivered
+        elif self.frontier.unresolved:
+            return
+        if f is None or f == self._persisted_handled:
+            return
+        last = self._engine.last_added_entry()
+        if last is not None and f <= last:
+            return
+        try:
+            self._state.put(HANDLED_KEY, f"{self._index_id} {f[0]}:{f[1]}".encode("ascii"))
+            self._persisted_handled = f
+        except Exception as exc:  # a restart then reads those entries again (idempotent)
+            log.warning("event=intake_gaps_state_write_failed topic=%s key=%s error=%r", self.topic, HANDLED_KEY, exc)
+
     # -- driven by the direct consumer (intake thread) -------------------------------------------
     def handled(self, entries: Sequence[Entry]) -> None:
         """Entries the consumer delivered, in a batch that is durable now."""
-        self.frontier.handled(entries)
-        self._persist()
         furthest = max(entries, default=None)
         if furthest is not None and (self._delivered is None or furthest > self._delivered):
             self._delivered = furthest
+        self.frontier.handled(entries)
+        self._persist()
 
     def saturated(self) -> None:
         """The consumer gave a full batch: it delivers as fast as the intake takes (not starved)."""

@@ -15,6 +15,7 @@ publisher drops the ones already on the topic: nothing lost, nothing twice.
 """
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -24,13 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 from ..bucket.metrics import LATENCY_BUCKETS_MS
-from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX
+from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, encode, format_user_id
 from ..bucket.records import DelayedMessage, Release
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher, OutMessage
 from ..durable import DurableWriteError
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
+    CANCEL_OUTCOME_PROP,
+    CANCEL_PROP,
     ERROR_PROP,
     ORIGIN_MSG_ID_PROP,
     RELEASED_AT_PROP,
@@ -157,8 +160,11 @@ class SchedulerService:
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
                  resources: Optional[List[Any]] = None,
                  source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms,
-                 runtime_input: Optional[Any] = None) -> None:
+                 runtime_input: Optional[Any] = None, reply_topic: str = "") -> None:
         self.engine = engine
+        # Where cancels that ask for an answer get it (cancel_reply_topic of the topic this
+        # service indexes); a cancel naming any other topic is applied and not answered.
+        self.reply_topic = reply_topic
         self.clock = clock  # deliver-at times are wall-clock instants; tests may inject a FakeClock
         self.publisher = publisher
         self.config = config
@@ -305,18 +311,48 @@ class SchedulerService:
             adds, others = batch.split()
             if adds:
                 self.engine.add(adds)  # durable when it returns
+            replies: List[Tuple[int, Cancel, str]] = []
             for p in others:
                 if isinstance(p.item, Cancel):
-                    result = self.engine.cancel(p.item.ledger_id, p.item.entry_id)
-                    log.info("event=cancel_request ledger=%d entry=%d result=%s", p.item.ledger_id,
-                             p.item.entry_id, getattr(result, "name", result))
+                    self._cancel(p.item, replies)
                 elif isinstance(p.item, Invalid):
                     self._send_invalid(p)
+            if replies:
+                self._answer(replies)  # stored before the cancels are acked: a redelivery answers again
             batch.ack()
             self.received += len(batch)
             self.engine.maybe_seal(self.clock())
             with self._wake:
                 self._wake.notify_all()
+
+    def _cancel(self, item: Cancel, replies: List[Tuple[int, Cancel, str]]) -> None:
+        """Apply one cancel; queue its answer when it asked for one on this service's reply topic."""
+        result = self.engine.cancel(item.ledger_id, item.entry_id)
+        outcome = cancel_outcome(result, self.engine.was_added(item.ledger_id, item.entry_id))
+        shown = item.target or format_user_id(item.ledger_id, item.entry_id)
+        seq = reply_sequence(item.source)
+        answered = bool(item.reply_to) and item.reply_to == self.reply_topic and seq is not None
+        log.info("event=cancel_request id=%s result=%s outcome=%s answered=%s", shown, getattr(result, "name", result),
+                 outcome, str(answered).lower())
+        if item.reply_to and not answered:
+            log.warning("event=cancel_reply_refused id=%s reply_to=%s expected=%s reason='a cancel is answered only on "
+                        "the reply topic of the scheduling topic it was sent to'", shown, item.reply_to,
+                        self.reply_topic or "none")
+        if answered and seq is not None:
+            replies.append((seq, item, outcome))
+
+    def _answer(self, replies: List[Tuple[int, Cancel, str]]) -> None:
+        """Publish the answers (sequence id = the cancel's own position, so a redelivered cancel's
+        answer is a duplicate the publisher drops) and wait until the broker stored them."""
+        out = []
+        for seq, item, outcome in sorted(replies, key=lambda r: r[0]):
+            ledger, entry, partition, batch = item.source
+            props = {CANCEL_OUTCOME_PROP: outcome, CANCEL_PROP: item.target,
+                     ORIGIN_MSG_ID_PROP: format_origin_msg_id(ledger, entry, partition, batch)}
+            payload = json.dumps({"id": item.target, "outcome": outcome}).encode("utf-8")
+            out.append(OutMessage(payload, seq, props, None, None))
+        self.publisher.publish_many(self.reply_topic, out)
+        self.publisher.wait_persisted(self.reply_topic, out[-1].sequence_id)
 
     def _send_invalid(self, p: Pending) -> None:
         # Bad input is kept, with its reason, before its source message is acked.
@@ -423,6 +459,30 @@ class SchedulerService:
             ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
             ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
         ]
+
+
+def cancel_outcome(result: Any, seen: bool) -> str:
+    """What a cancel's answer says (CANCEL_OUTCOMES) from engine.cancel's result. A repeated
+    cancel (ALREADY_CANCELLED: a redelivery, or the same id cancelled twice) answers as the first
+    did: cancelled when the message is indexed, not known yet otherwise."""
+    name = getattr(result, "name", str(result))
+    if name == "ALREADY_RELEASED":
+        return "already_released"
+    if name == "CANCELLED":
+        return "cancelled"
+    if name == "CANCELLED_BEFORE_ADD":
+        return "not_known_yet"
+    return "cancelled" if seen else "not_known_yet"
+
+
+def reply_sequence(source: Tuple[int, int, int, int]) -> Optional[int]:
+    """The sequence id of a cancel's answer: its position on the scheduling topic (partition),
+    increasing with it; None when the position is unknown or out of range."""
+    ledger, entry, _partition, batch = source
+    ident = encode(entry, max(batch, 0)) if ledger >= 0 and entry >= 0 else None
+    if ident is None or ledger >= 1 << 30:
+        return None
+    return (ledger << 32 | ident) + 1
 
 
 def metric_values(stats: Any) -> List[Tuple[str, float]]:

@@ -16,7 +16,7 @@ import pulsar
 
 from ..clock import wall_clock_ms as now_ms
 from ..producers import ProducerPool
-from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, MessageRef
+from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, REPLY_TO_PROP, TARGET_PROP, MessageRef
 
 BACKENDS = ("broker", "scheduler")
 MAX_TIME_MS = 2**63 - 1  # Pulsar's deliverAtTime is a Java long
@@ -119,13 +119,17 @@ class DelayedProducer:
         delay = check_time_ms("delay_ms", delay_ms)
         return self.send(topic, payload, now_ms() + delay, **kw)
 
-    def cancel(self, message_id: pulsar.MessageId) -> pulsar.MessageId:
-        """Ask the scheduler to drop a not-yet-released message (scheduler backend only)."""
+    def cancel(self, message_id: pulsar.MessageId, reply_to: Optional[str] = None) -> pulsar.MessageId:
+        """Ask the scheduler to drop a not-yet-released message (scheduler backend only); returns
+        the cancel message's own id. With `reply_to` (cancel_reply_topic of the scheduling topic
+        or partition the cancel goes to) the writer answers there with the outcome."""
         if self.backend != "scheduler":
             raise ValueError("cancellation needs the scheduler backend; Pulsar's broker cannot cancel (PR #23907)")
         assert self.scheduling_topic is not None
-        ref = MessageRef.of(message_id).format_cancel()
-        return self._producer(self.scheduling_topic).send(b"", properties={CANCEL_PROP: ref})
+        props = {CANCEL_PROP: MessageRef.of(message_id).format_cancel()}
+        if reply_to:
+            props[REPLY_TO_PROP] = reply_to
+        return self._producer(self.scheduling_topic).send(b"", properties=props)
 
     def close(self) -> None:
         """Flush and close every producer this object opened."""

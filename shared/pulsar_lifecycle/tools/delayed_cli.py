@@ -25,6 +25,9 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 30.0
 DEFAULT_WRITER_CONFIG = "function-configs/bucket-snapshot-writer.yaml"
 RESERVED_PREFIX = "__pl_"
+CANCEL_WAIT_S = 10.0
+# `delayed cancel` exit statuses (2 is click's for a bad argument).
+EXIT_CANCELLED, EXIT_ALREADY_RELEASED, EXIT_NOT_KNOWN, EXIT_NO_ANSWER = 0, 3, 4, 5
 
 
 @dataclass(frozen=True)
@@ -184,29 +187,94 @@ def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Op
 
 @delayed.command("cancel")
 @click.argument("message_id", metavar="ID")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=CANCEL_WAIT_S, show_default=True,
+              help="Seconds to wait for the writer's answer.")
+@click.option("--no-wait", is_flag=True, help="Send the cancel and exit 0 without waiting for the answer.")
 @_writer_options
-def cancel(message_id: str, service_url: str, writer_config: Optional[str], scheduling_topic: Optional[str],
-           connect_timeout: float) -> None:
-    """Cancel the delayed message `delayed send` printed ID for (if it is not released yet).
+def cancel(message_id: str, timeout: float, no_wait: bool, service_url: str, writer_config: Optional[str],
+           scheduling_topic: Optional[str], connect_timeout: float) -> None:
+    """Cancel the delayed message `delayed send` printed ID for, and say what happened.
 
-    The writer drops it at its release time; one already released cannot be called back (the
-    writer logs that).
+    Waits (up to --timeout) for the writer's answer. Exit status: 0 cancelled (it will not be
+    delivered); 3 already delivered (a cancel cannot call it back); 4 not known: no message with
+    this id is indexed (a mistyped id, another writer's, or one still on its way: the writer keeps
+    the cancel in case it arrives); 5 no answer within --timeout
+    (the cancel was sent: the writer applies it when it reads it). --no-wait exits 0 once sent.
     """
     import pulsar
 
     from ..runtime.connect import open_client
+    from ..scheduling_protocol import cancel_reply_topic
     from ..timing import DelayedProducer
+    from ..topics import TopicName
 
     ref, partition = parse_cancel_id(message_id)
     check_service_url("--service-url", service_url)
     terms = writer_terms(writer_config, scheduling_topic)
     topic = partition_name(terms.scheduling_topic, partition) if partition >= 0 else terms.scheduling_topic
+    reply_topic = cancel_reply_topic(TopicName.from_client(topic).full_name)
     client = open_client(service_url, connect_timeout)
+    reader = None
     producer = DelayedProducer(client, backend="scheduler", scheduling_topic=topic)
     try:
-        producer.cancel(pulsar.MessageId(partition, ref.ledger_id, ref.entry_id, ref.batch_index))
+        if not no_wait:  # reading from the end before the cancel is sent: its answer comes after
+            reader = client.create_reader(reply_topic, pulsar.MessageId.latest)
+        sent = producer.cancel(pulsar.MessageId(partition, ref.ledger_id, ref.entry_id, ref.batch_index),
+                               reply_to=reply_topic)
+        log.info("event=delayed_cancel_sent id=%s scheduling_topic=%s", message_id, topic)
+        if reader is None:
+            click.echo(f"cancel of {message_id} sent to {topic}", err=True)
+            return
+        outcome = wait_cancel_outcome(reader, MessageRef.of(sent), timeout)
     finally:
+        if reader is not None:
+            reader.close()
         producer.close()
         client.close()
-    log.info("event=delayed_cancel_sent id=%s scheduling_topic=%s", message_id, topic)
-    click.echo(f"cancel of {message_id} sent to {topic}", err=True)
+    text, code = describe_cancel_outcome(message_id, outcome, timeout)
+    click.echo(text)
+    if code:
+        raise SystemExit(code)
+
+
+def wait_cancel_outcome(reader: Any, cancel_ref: MessageRef, timeout_s: float) -> Optional[str]:
+    """The outcome the writer answered for the cancel at `cancel_ref`, or None after `timeout_s`."""
+    import time
+
+    import pulsar
+
+    from ..scheduling_protocol import CANCEL_OUTCOME_PROP, ORIGIN_MSG_ID_PROP
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left_ms = int((deadline - time.monotonic()) * 1000)
+        if left_ms <= 0:
+            return None
+        try:
+            msg = reader.read_next(timeout_millis=min(left_ms, 1000))
+        except pulsar.Timeout:
+            continue
+        props = msg.properties()
+        try:
+            origin = MessageRef.parse(props.get(ORIGIN_MSG_ID_PROP, ""))
+        except ProtocolError:
+            continue  # not an answer (nothing else is sent there)
+        if (origin.ledger_id, origin.entry_id, max(origin.batch_index, 0)) == (
+                cancel_ref.ledger_id, cancel_ref.entry_id, max(cancel_ref.batch_index, 0)):
+            return props.get(CANCEL_OUTCOME_PROP, "")
+
+
+def describe_cancel_outcome(message_id: str, outcome: Optional[str], timeout_s: float) -> Tuple[str, int]:
+    """(the line `delayed cancel` prints, its exit status) for the writer's answer."""
+    if outcome == "cancelled":
+        return f"{message_id}: cancelled; it will not be delivered", EXIT_CANCELLED
+    if outcome == "already_released":
+        return f"{message_id}: already delivered; a cancel cannot call it back", EXIT_ALREADY_RELEASED
+    if outcome == "not_known_yet":
+        return (f"{message_id}: not known (yet): the writer has indexed no message with this id. A mistyped id or "
+                "another writer's? If it is still on its way, the writer keeps the cancel and drops the message "
+                "when it arrives", EXIT_NOT_KNOWN)
+    if outcome is None:
+        return (f"{message_id}: no answer from the writer within {timeout_s:g} s (is it running? `inspect writer`); "
+                "the cancel was sent and is applied when the writer reads it", EXIT_NO_ANSWER)
+    return f"{message_id}: the writer answered {outcome!r}, which this version does not know", EXIT_NO_ANSWER

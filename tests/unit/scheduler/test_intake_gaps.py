@@ -273,7 +273,25 @@ def test_a_gap_kept_for_another_index_is_ignored():
 def test_a_new_index_reads_no_gaps():
     g, client, state = gaps_over(batch_entry(1, 0, 5), set(), last=None)
     g.handled([(1, 3)])
-    assert g.read_if_due(FakeConsumer((1, 4)), idle=True) is None and not client.readers and not state.writes
+    assert g.read_if_due(FakeConsumer((1, 4)), idle=True) is None and not client.readers
+    assert state.data == {ig.HANDLED_KEY: b"idx1 1:3"}  # only where the next start begins
+
+
+def test_a_restart_reads_nothing_the_last_run_handled_beyond_its_last_add():
+    # Entry 10 added, entries 11 and 12 cancels: handled and acked, nothing in the index.
+    msgs = batch_entry(1, 10, 1) + batch_entry(1, 11, 1) + batch_entry(1, 12, 1)
+    added = {(1, encode(10, 0))}
+    g, _client, state = gaps_over(msgs, added, last=(1, 10))
+    g.handled([(1, 10)])
+    g.handled([(1, 11), (1, 12)])
+    assert state.data[ig.HANDLED_KEY] == b"idx1 1:12"
+    again, client, _ = gaps_over(msgs, added, last=(1, 10), state=state)
+    assert again.frontier.frontier == (1, 12) and not again.frontier.unresolved
+    assert again.read_if_due(FakeConsumer((1, 12)), idle=True) is None and not client.readers
+    other = FakeState()
+    other.data[ig.HANDLED_KEY] = b"idx0 1:12"  # another index's: ignored
+    fresh, _, _ = gaps_over(msgs, added, last=(1, 10), state=other)
+    assert fresh.frontier.frontier == (1, 10) and fresh.frontier.start_open
 
 
 def _looked_once(monkeypatch: pytest.MonkeyPatch, msgs: list, consumer_last: Tuple[int, int]):
