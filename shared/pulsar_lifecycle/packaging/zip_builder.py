@@ -328,12 +328,48 @@ def _wheel_copy_ignore(root: Path):  # type: ignore[no-untyped-def]
     return ignore
 
 
+# PEP 517's build requirements when pyproject.toml names none.
+_DEFAULT_BUILD_REQUIRES = ("setuptools>=40.8.0", "wheel")
+
+
+def _version_key(version: str) -> Tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:4])
+
+
+def missing_build_requirements(project_dir: Path) -> List[str]:
+    """The project's build requirements (`[build-system] requires`) this interpreter does not
+    meet, each as written (with the version found); a requirement other than `name` or
+    `name>=version` counts as missing, so the build isolates rather than guesses."""
+    from importlib import metadata
+
+    system = _read_pyproject(Path(project_dir)).get("build-system")
+    requires = system.get("requires") if isinstance(system, dict) else None
+    missing = []
+    for req in requires if isinstance(requires, list) else _DEFAULT_BUILD_REQUIRES:
+        match = re.fullmatch(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:>=\s*(\d[\d.]*))?\s*", str(req))
+        if not match:
+            missing.append(str(req))
+            continue
+        try:
+            have = metadata.version(match.group(1))
+        except metadata.PackageNotFoundError:
+            missing.append(f"{req} (not installed)")
+            continue
+        if match.group(2) and _version_key(have) < _version_key(match.group(2)):
+            missing.append(f"{req} (have {have})")
+    return missing
+
+
 def build_wheel(project_dir: Path, out_dir: Path) -> Path:
     """Build the project's wheel into ``out_dir`` and return its path.
 
     Builds from a temporary copy of the project so setuptools' ``build/`` and ``*.egg-info``
-    never land in the work tree; uses ``python -m build --wheel --no-isolation`` when the
-    ``build`` package is installed, else ``pip wheel --no-deps --no-build-isolation``.
+    never land in the work tree; uses ``python -m build --wheel`` when the ``build`` package is
+    installed, else ``pip wheel --no-deps``. When this interpreter has the build requirements
+    (`[build-system] requires`, e.g. the test extra's setuptools >= 77) the build uses them, with
+    no isolation and no download; otherwise (a plain ``pip install .``, whose venv keeps an
+    older setuptools) the frontend builds in an isolated environment with the requirements
+    fetched, as ``pip install .`` itself did.
     """
     project_dir = Path(project_dir).resolve()
     out_dir = Path(out_dir).resolve()
@@ -344,10 +380,16 @@ def build_wheel(project_dir: Path, out_dir: Path) -> Path:
         shutil.copytree(project_dir, copy, ignore=_wheel_copy_ignore(project_dir))
         built = Path(tmp) / "out"
         built.mkdir()
+        missing = missing_build_requirements(project_dir)
         if importlib.util.find_spec("build") is not None:
-            cmd = [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(built), str(copy)]
+            cmd = [sys.executable, "-m", "build", "--wheel", *([] if missing else ["--no-isolation"]),
+                   "--outdir", str(built), str(copy)]
         else:
-            cmd = [*_pip(), "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(built), str(copy)]
+            cmd = [*_pip(), "wheel", "--no-deps", *([] if missing else ["--no-build-isolation"]),
+                   "--wheel-dir", str(built), str(copy)]
+        if missing:
+            logger.info("event=wheel_build_isolated missing=%s hint='the build requirements are fetched into an "
+                        "isolated environment'", ";".join(missing))
         logger.info("building wheel of %s", project_dir)
         result = _run(cmd, "build wheel")
         if result.returncode != 0:

@@ -19,6 +19,7 @@ from pulsar_lifecycle.packaging.zip_builder import (
     build_function_zip,
     build_wheel,
     canonical_name,
+    missing_build_requirements,
     project_metadata,
 )
 from support.paths import REPO
@@ -285,3 +286,37 @@ def test_foreign_target_builds_pure_sdist_only_dependency(tmp_path: Path, monkey
         wheels = sorted(Path(e).name for e in zf.namelist() if e.startswith("tiny/deps/"))
     assert any(w.startswith("sdistonly_pkg-0.1-") and w.endswith("-none-any.whl") for w in wheels), wheels
     assert any(w.startswith("six-") for w in wheels), wheels
+
+
+def test_missing_build_requirements_names_what_this_interpreter_lacks(tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools>=9999", "pip", "no-such-dist-xyz", "odd[extra]>=1"]\n'
+        '[project]\nname = "p"\nversion = "0"\n')
+    missing = missing_build_requirements(tmp_path)
+    assert missing[0].startswith("setuptools>=9999 (have ") and missing[1:] == [
+        "no-such-dist-xyz (not installed)", "odd[extra]>=1"]
+    assert missing_build_requirements(REPO) == []  # the test extra brings setuptools >= 77 and wheel
+
+
+@pytest.mark.timeout(240)
+def test_package_works_in_a_plain_venv(tmp_path: Path) -> None:
+    """`python3 -m venv V && V/bin/pip install . && V/bin/pulsar-lifecycle package`: the venv's
+    setuptools is older than the build requires, so the wheel is built in isolation (pip's cache
+    makes the install ~15 s and the package ~7 s here)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, project / name)
+    for name in ("shared", "functions", "function-configs"):
+        shutil.copytree(REPO / name, project / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    venv = tmp_path / "V"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    install = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(project)], capture_output=True, text=True,
+                             timeout=600)
+    assert install.returncode == 0, install.stderr[-2000:]
+    res = subprocess.run([str(venv / "bin" / "pulsar-lifecycle"), "package", "--project-dir", str(project),
+                          "--out-dir", str(tmp_path / "dist")], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "event=wheel_build_isolated" in res.stderr  # the plain venv lacks the build requirements
+    assert (tmp_path / "dist" / f"{STEM}.zip").is_file()
+    assert len(list((tmp_path / "dist").glob("pulsar_lifecycle-*.whl"))) == 1
