@@ -24,6 +24,11 @@ if [ "$extra" = "test" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
     $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q maven
   fi
 fi
+# The alert-rule tests evaluate deploy/prometheus/alerts.yml with Prometheus' promtool (Debian's
+# prometheus package; its service is not started here).
+if [ "$extra" = "test" ] && ! command -v promtool >/dev/null; then
+  $SUDO apt-get update -q && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends prometheus
+fi
 if [ ! -x .venv/bin/python ]; then
   python3 -m venv .venv
 fi

@@ -183,3 +183,55 @@ def test_up_errors_are_one_line_before_anything_starts(tmp_path, silent_broker):
     assert_one_line_error(run_cli("up", "--broker-service-url", silent_broker.url, "--function-config-file",
                                   str(REPO / "function-configs" / "example-function.yaml"), "--data-dir",
                                   str(tmp_path / "d"), tmp_path=tmp_path), silent_broker.url, "did not answer")
+
+
+def _scrape(url: str) -> Dict[str, Dict[str, float]]:
+    """{family name: {sample name and labels: value}} of one scrape (the text must parse: no name twice)."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    out: Dict[str, Dict[str, float]] = {}
+    for family in text_string_to_metric_families(text):
+        assert family.name not in out, f"{family.name} twice in one scrape"
+        out[family.name] = {f"{s.name}{sorted(s.labels.items())}": s.value for s in family.samples}
+    return out
+
+
+@pytest.mark.lite_only("the endpoint is up's own, whatever the broker")
+def test_up_metrics_port_serves_every_function_with_the_writer_lateness(broker, tmp_path, unique):
+    ns = "persistent://public/default"
+    example = _config(tmp_path, "example-function", unique,
+                      {"inputs": [f"{ns}/in-{unique}"], "output": f"{ns}/out-{unique}", "subName": f"ex-{unique}"})
+    writer = _config(tmp_path, "bucket-snapshot-writer", unique,
+                     {"inputSpecs": {f"{ns}/ticks-{unique}": {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}},
+                      "output": f"{ns}/released-{unique}"},
+                     {"tickTopic": f"{ns}/ticks-{unique}", "schedulingTopic": f"{ns}/sched-{unique}"})
+    up = UpProcess(tmp_path, "--broker-service-url", broker.service_url, "--function-config-file", str(example),
+                   "--function-config-file", str(writer), "--data-dir", str(tmp_path / "data"), "--metrics-port", "0")
+    writer_fqfn, example_fqfn = f"public/default/bucket-snapshot-writer-{unique}", f"public/default/example-function-{unique}"
+    try:
+        up.url()
+        line = re.compile(r"^metrics (http://127\.0\.0\.1:\d+/metrics)")
+        found: List[str] = []
+        assert wait_for(lambda: found.extend(m.group(1) for m in map(line.match, up.lines) if m) or found,
+                        timeout=30, interval=0.2), up.lines
+        res = run_cli("delayed", "send", f"{ns}/released-{unique}", "x", "--in", "1s", "--service-url",
+                      broker.service_url, "--scheduling-topic", f"{ns}/sched-{unique}", tmp_path=tmp_path, cwd=REPO)
+        assert res.returncode == 0, res.stderr[-2000:]
+        seen: Dict[str, Dict[str, float]] = {}
+
+        def released_and_recorded() -> bool:
+            seen.clear()
+            seen.update(_scrape(found[0]))
+            count = seen.get("pulsar_lifecycle_scheduler_release_lateness_ms_count", {})
+            return any(v >= 1 for v in count.values())
+        assert wait_for(released_and_recorded, timeout=60, interval=0.5), sorted(seen)
+        received = seen["pulsar_function_received"]  # both functions, one family (counters exist from the start)
+        assert any(example_fqfn in k for k in received) and any(writer_fqfn in k for k in received), received
+        assert "pulsar_lifecycle_scheduler_pending" in seen
+        assert any("le', '+Inf'" in k for k in seen["pulsar_lifecycle_scheduler_release_lateness_ms_bucket"])
+    finally:
+        rc = up.stop(signal.SIGTERM)
+    assert rc == 0, up.stderr[-3000:]

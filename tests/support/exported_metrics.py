@@ -24,7 +24,13 @@ from pulsar_lifecycle.delaylevel.forwarder import ForwarderStats
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.deletion.metrics import METRICS, DeletionMetrics
 from pulsar_lifecycle.runtime.metrics import FunctionMetrics
-from pulsar_lifecycle.scheduler.service import PERSIST_FAILURES_METRIC, SchedulerService, metric_values
+from pulsar_lifecycle.scheduler.service import (
+    PENDING_METRIC,
+    PERSIST_FAILURES_METRIC,
+    LatenessHistogram,
+    SchedulerService,
+    metric_values,
+)
 
 PULSAR_PYTHON_RUNTIME_SERIES: Set[str] = {
     "pulsar_function_processed_successfully_total", "pulsar_function_system_exceptions_total",
@@ -50,7 +56,8 @@ class _Recorder:
 
 def recorded_user_metrics() -> Set[str]:
     """Every name the functions pass to context.record_metric (labels in braces included)."""
-    names: Set[str] = {PERSIST_FAILURES_METRIC}
+    names: Set[str] = {PERSIST_FAILURES_METRIC, PENDING_METRIC}
+    names.update(name for name, _ in LatenessHistogram().values())
     engine = BucketIndex(MemorySnapshotStorage(), BucketConfig())
     engine.recover()
     names.update(name for name, _ in metric_values(engine.stats()))

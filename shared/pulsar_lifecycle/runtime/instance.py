@@ -106,6 +106,11 @@ class FunctionInstance:
             consumer = self._subscribe_with_retry(topic, position, kwargs)
             self._consumers[topic] = consumer
             self.context.consumers[topic] = consumer
+        # The runtime's counters exist from the start, at 0, as Pulsar's instance creates them: a
+        # running instance is never absent from a scrape (the deploy/ alerts' absent()).
+        metrics, ident = self.context.metrics, self.context.identity
+        for counter in (metrics.received, metrics.processed, metrics.user_exceptions, metrics.system_exceptions):
+            counter.labels(ident.fqfn, str(ident.instance_id))
         self._thread = threading.Thread(target=self._run, name=f"fn-{self.context.identity.name}-{self.context.identity.instance_id}", daemon=True)
         self._thread.start()
         log.info("event=instance_started fqfn=%s instance=%d inputs=%s output=%s guarantee=%s",

@@ -15,6 +15,7 @@ publisher drops the ones already on the topic: nothing lost, nothing twice.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import queue
@@ -47,6 +48,16 @@ log = logging.getLogger(__name__)
 # batch was not acked and is redelivered. Pulsar's Python instance exports the count as
 # pulsar_function_user_metric_count{metric="pulsar_lifecycle_scheduler_persist_failures"}.
 PERSIST_FAILURES_METRIC = "pulsar_lifecycle_scheduler_persist_failures"
+# Release lateness (the writer's clock when it publishes a release minus the message's
+# deliver-at, ms) as a Prometheus histogram recorded through record_metric: a running count per
+# upper bound `<name>_bucket{le=B}` (cumulative, le=+Inf = every release), `<name>_sum` and
+# `<name>_count`, each a running total recorded every metricsIntervalSeconds. Pulsar's Python
+# instance has only the user-metric Summary (contextimpl.py), so these are series of it
+# (metric="pulsar_lifecycle_scheduler_release_lateness_ms_bucket{le=1000}", ...); local run mode
+# also shows them under their own names. docs/operations.md, "Metrics".
+LATENESS_METRIC = "pulsar_lifecycle_scheduler_release_lateness_ms"
+LATENESS_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
+PENDING_METRIC = "pulsar_lifecycle_scheduler_pending"
 
 
 def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
@@ -194,6 +205,7 @@ class SchedulerService:
         self.released = 0
         self.cancelled = 0
         self.invalid = 0
+        self.lateness = LatenessHistogram()
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
@@ -400,6 +412,7 @@ class SchedulerService:
         # the origin id formatted from the index id without intermediate objects.
         outstanding = self._outstanding
         default_target = self.default_target
+        self.lateness.observe_round(int(released_at), [r.message.deliver_at for r in releases if not r.cancelled])
         for r in releases:
             if r.cancelled:
                 outstanding.append((r.seq, None))
@@ -448,7 +461,9 @@ class SchedulerService:
 
     def _record_metrics(self) -> None:
         stats = self.engine.stats()
-        for name, value in metric_values(stats) + self.counter_values():
+        values = metric_values(stats) + self.counter_values() + self.lateness.values()
+        values.append((PENDING_METRIC, float(getattr(stats, "pending", 0))))
+        for name, value in values:
             self.record_metric(name, value)
 
     def counter_values(self) -> List[Tuple[str, float]]:
@@ -459,6 +474,39 @@ class SchedulerService:
             ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
             ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
         ]
+
+
+class LatenessHistogram:
+    """Release lateness counts per LATENESS_BUCKETS_MS bound (release thread writes, the metrics
+    recording on the same thread reads)."""
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENESS_BUCKETS_MS) + 1)  # per bucket, the last one over every bound
+        self.sum_ms = 0
+        self.count = 0
+
+    def observe_round(self, released_at_ms: int, deliver_at_ms: List[int]) -> None:
+        """One release round: every message released at `released_at_ms`."""
+        counts = self.counts
+        for deliver_at in deliver_at_ms:
+            late = released_at_ms - deliver_at
+            if late < 0:
+                late = 0
+            counts[bisect.bisect_left(LATENESS_BUCKETS_MS, late)] += 1
+            self.sum_ms += late
+        self.count += len(deliver_at_ms)
+
+    def values(self) -> List[Tuple[str, float]]:
+        """The histogram's series as (name, value): cumulative buckets, +Inf, sum and count."""
+        out: List[Tuple[str, float]] = []
+        running = 0
+        for bound, n in zip(LATENESS_BUCKETS_MS, self.counts):
+            running += n
+            out.append((f"{LATENESS_METRIC}_bucket{{le={bound}}}", float(running)))
+        out.append((f"{LATENESS_METRIC}_bucket{{le=+Inf}}", float(self.count)))
+        out.append((f"{LATENESS_METRIC}_sum", float(self.sum_ms)))
+        out.append((f"{LATENESS_METRIC}_count", float(self.count)))
+        return out
 
 
 def cancel_outcome(result: Any, seen: bool) -> str:

@@ -32,8 +32,10 @@ log = logging.getLogger(__name__)
               help="Seconds between status updates.")
 @click.option("--run-seconds", type=click.FloatRange(min=0), default=None, help="Stop by itself after this long (scripts).")
 def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_service_url: Optional[str],
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve the metrics of every function on http://127.0.0.1:PORT/metrics (0 = a free one).")
        state_storage_service_url: Optional[str], embedded_broker_port: int, refresh: float,
-       run_seconds: Optional[float]) -> None:
+       run_seconds: Optional[float], metrics_port: Optional[int]) -> None:
     """Run the broker and every shipped function as one local service, with a live status view.
 
     Stops on Ctrl-C or SIGTERM (functions first, then the broker); everything is kept in
@@ -95,6 +97,16 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
         else:  # a pipe or a file: a table at the start and at the end
             console.print(board.table())
             _loop(service, run_seconds, refresh, lambda: None)
+    metrics = None
+    if metrics_port is not None:
+        from .up_metrics import UpMetricsServer
+
+        try:
+            metrics = UpMetricsServer(service, metrics_port).start()
+        except OSError as exc:
+            service.stop()
+            raise click.ClickException(str(exc)) from exc
+        console.print(f"metrics http://127.0.0.1:{metrics.bound}/metrics (every function; deploy/ dashboard and alerts)")
             console.print(board.table())
     finally:
         board.stop()
@@ -106,6 +118,8 @@ def _loop(service: Any, run_seconds: Optional[float], refresh: float, update: An
     import time
 
     deadline = None if run_seconds is None else time.monotonic() + run_seconds
+        if metrics is not None:
+            metrics.stop()
     while not service.wait(refresh):
         update()
         if deadline is not None and time.monotonic() >= deadline:
