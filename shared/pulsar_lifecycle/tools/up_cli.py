@@ -31,9 +31,9 @@ log = logging.getLogger(__name__)
 @click.option("--refresh", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
               help="Seconds between status updates.")
 @click.option("--run-seconds", type=click.FloatRange(min=0), default=None, help="Stop by itself after this long (scripts).")
-def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_service_url: Optional[str],
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="Serve the metrics of every function on http://127.0.0.1:PORT/metrics (0 = a free one).")
+def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_service_url: Optional[str],
        state_storage_service_url: Optional[str], embedded_broker_port: int, refresh: float,
        run_seconds: Optional[float], metrics_port: Optional[int]) -> None:
     """Run the broker and every shipped function as one local service, with a live status view.
@@ -89,14 +89,6 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
         console.print(note)
     console.print(f"broker {service.service_url}; pulsar-client log {service.client_log}"
                   + (f"; log {Path(data_dir) / 'up.log'}" if console.is_terminal else ""))
-    board = StatusBoard(service).start()
-    try:
-        if console.is_terminal:
-            with Live(board.table(), console=console, refresh_per_second=max(1, int(1 / refresh))) as live:
-                _loop(service, run_seconds, refresh, lambda: live.update(board.table()))
-        else:  # a pipe or a file: a table at the start and at the end
-            console.print(board.table())
-            _loop(service, run_seconds, refresh, lambda: None)
     metrics = None
     if metrics_port is not None:
         from .up_metrics import UpMetricsServer
@@ -107,9 +99,19 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
             service.stop()
             raise click.ClickException(str(exc)) from exc
         console.print(f"metrics http://127.0.0.1:{metrics.bound}/metrics (every function; deploy/ dashboard and alerts)")
+    board = StatusBoard(service).start()
+    try:
+        if console.is_terminal:
+            with Live(board.table(), console=console, refresh_per_second=max(1, int(1 / refresh))) as live:
+                _loop(service, run_seconds, refresh, lambda: live.update(board.table()))
+        else:  # a pipe or a file: a table at the start and at the end
+            console.print(board.table())
+            _loop(service, run_seconds, refresh, lambda: None)
             console.print(board.table())
     finally:
         board.stop()
+        if metrics is not None:
+            metrics.stop()
         service.stop()
     console.print("stopped")
 
@@ -118,8 +120,6 @@ def _loop(service: Any, run_seconds: Optional[float], refresh: float, update: An
     import time
 
     deadline = None if run_seconds is None else time.monotonic() + run_seconds
-        if metrics is not None:
-            metrics.stop()
     while not service.wait(refresh):
         update()
         if deadline is not None and time.monotonic() >= deadline:
