@@ -3,8 +3,11 @@ producer API as the library (`pulsar_lifecycle.timing.DelayedProducer`, schedule
 
 `send` prints the id that cancels the message: the scheduling message's position,
 `<ledger>:<entry>[:<batch index>]` (with `@<partition>` on a partitioned scheduling topic), the
-form of the `__pl_cancel__` property. Every argument (topic, time, delay bound, properties) is
-checked before anything connects.
+form of the `__pl_cancel__` property. A delay of at least one unit of the DelayLevelSyncer's
+strategy (a day, shipped) is parked on its delay-level topic instead (`DelayLevelProducer`, the
+syncer's config giving the topic and strategy as the writer's gives its terms); its id is the
+parked message's position with `@dl<k>`, k its delay-level partition, and its cancel goes to the
+syncer. Every argument (topic, time, delay bound, properties) is checked before anything connects.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 30.0
 DEFAULT_WRITER_CONFIG = "function-configs/bucket-snapshot-writer.yaml"
+DEFAULT_SYNCER_CONFIG = "function-configs/delay-level-syncer.yaml"
+PARKED_MARK = "@dl"  # `<position>@dl<k>`: a message parked in delay-level partition k
 RESERVED_PREFIX = "__pl_"
 CANCEL_WAIT_S = 10.0
 # `delayed cancel` exit statuses (2 is click's for a bad argument).
@@ -63,6 +68,61 @@ def writer_terms(writer_config: Optional[str], scheduling_topic: Optional[str]) 
         raise click.BadParameter(f"{path}: not a BucketSnapshotWriter config: {exc}", param_hint="--writer-config") from exc
     chosen = check_topic("--scheduling-topic", scheduling_topic) if scheduling_topic else topic
     return WriterTerms(chosen, cfg.max_delay_seconds * 1000, tuple(cfg.allowed_target_prefixes))
+
+
+@dataclass(frozen=True)
+class SyncerTerms:
+    """Where long delays park: the syncer's delay-level topic and strategy, and the scheduling
+    topic it forwards to ("" with its broker backend)."""
+
+    delay_level_topic: str
+    strategy: Any  # delaylevel.strategy.DelayLevelTopicPartitionStrategy
+    scheduling_topic: str
+
+    def parks(self, delay_ms: int) -> bool:
+        """True when a delay of `delay_ms` is at least one unit and within the strategy's maximum."""
+        return self.strategy.unit_ms <= delay_ms <= self.strategy.max_delay_ms
+
+
+def syncer_terms(syncer_config: Optional[str]) -> Optional[SyncerTerms]:
+    """The terms from the syncer's function config (the shipped one by default; None when it is
+    not here or `--syncer-config none`); click.BadParameter when it is not a syncer config."""
+    from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
+    from ..delaylevel.config import parse_syncer_config
+
+    if syncer_config is not None and syncer_config.lower() == "none":
+        return None
+    path = syncer_config or (DEFAULT_SYNCER_CONFIG if Path(DEFAULT_SYNCER_CONFIG).is_file() else None)
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise click.BadParameter(f"{path} not found", param_hint="--syncer-config")
+    try:
+        cfg = parse_syncer_config(spec_from_config(load_function_config(path)).user_config or {})
+    except (FunctionConfigError, ValueError) as exc:
+        raise click.BadParameter(f"{path}: not a DelayLevelSyncer config: {exc}", param_hint="--syncer-config") from exc
+    return SyncerTerms(cfg.delay_level_topic, cfg.strategy,
+                       cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else "")
+
+
+def format_parked_id(message_id: Any, level: int) -> str:
+    """The id `delayed cancel` takes for a message parked in delay-level partition `level`."""
+    return f"{MessageRef.of(message_id).format_cancel()}{PARKED_MARK}{level}"
+
+
+def parse_parked_id(text: str) -> Optional[Tuple[MessageRef, int]]:
+    """(position, delay-level partition) of a parked message's id; None for a writer's id."""
+    ref_text, mark, level = text.strip().rpartition(PARKED_MARK)
+    if not mark:
+        return None
+    if not level.isdigit():
+        raise click.BadParameter(f"{text!r}: the delay-level partition after {PARKED_MARK} must be a number",
+                                 param_hint="ID")
+    try:
+        return MessageRef.parse_cancel(ref_text), int(level)
+    except ProtocolError as exc:
+        raise click.BadParameter(f"{text!r} is not an id `delayed send` printed (<ledger>:<entry>[:<batch>]"
+                                 f"{PARKED_MARK}<k>): {exc}", param_hint="ID") from exc
 
 
 def deliver_at_ms(at: Optional[str], delay: Optional[str], max_delay_ms: int, now_ms: int) -> int:
@@ -131,6 +191,13 @@ def _writer_options(f: Any) -> Any:
     return f
 
 
+def _syncer_option(f: Any) -> Any:
+    return click.option("--syncer-config", default=None,
+                        help=f"The DelayLevelSyncer's config YAML [default: {DEFAULT_SYNCER_CONFIG} when present]: "
+                             "its delay-level topic and strategy; `none`: every delay goes straight to the "
+                             "writer.")(f)
+
+
 @click.group("delayed")
 def delayed() -> None:
     """Send a message to be delivered later (through the BucketSnapshotWriter), or cancel one."""
@@ -145,11 +212,16 @@ def delayed() -> None:
 @click.option("--in", "delay", default=None, help="Deliver after this delay: 90s, 2h, 30d, 1h30m (ms s m h d w).")
 @click.option("--key", default=None, help="Message key.")
 @click.option("--property", "-p", "props", multiple=True, help="A message property, key=value (repeatable).")
+@_syncer_option
 @_writer_options
 def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Optional[str], delay: Optional[str],
-         key: Optional[str], props: Tuple[str, ...], service_url: str, writer_config: Optional[str],
-         scheduling_topic: Optional[str], connect_timeout: float) -> None:
+         key: Optional[str], props: Tuple[str, ...], syncer_config: Optional[str], service_url: str,
+         writer_config: Optional[str], scheduling_topic: Optional[str], connect_timeout: float) -> None:
     """Deliver PAYLOAD (or --file) to TOPIC at --at or after --in; prints the id that cancels it.
+
+    A delay of at least one unit of the syncer's strategy (a day, shipped) and within its
+    maximum (30 days) is parked on the syncer's delay-level topic, which hands it to the writer
+    shortly before it is due; a shorter or longer one goes straight to the writer.
 
     Example: pulsar-lifecycle delayed send persistent://public/default/orders 'hello' --in 90s
     --service-url pulsar://127.0.0.1:6650
@@ -170,19 +242,46 @@ def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Op
                                  param_hint="TOPIC")
     now = wall_clock_ms()
     when = deliver_at_ms(at, delay, terms.max_delay_ms, now)
+    syncer = syncer_terms(syncer_config)
+    parking = syncer if syncer is not None and syncer.parks(when - now) else None
+    if parking is not None and parking.scheduling_topic and parking.scheduling_topic != terms.scheduling_topic:
+        raise click.BadParameter(f"the syncer forwards to {parking.scheduling_topic}, the writer reads "
+                                 f"{terms.scheduling_topic}: give the configs of one system (or --syncer-config none "
+                                 "to send straight to the writer)", param_hint="--syncer-config")
     client = open_client(service_url, connect_timeout)
     producer = DelayedProducer(client, backend="scheduler", scheduling_topic=terms.scheduling_topic)
+    where = terms.scheduling_topic
     try:
-        mid = producer.send(target, data, when, properties=properties or None, key=key)
+        if parking is None:
+            ident = format_cancel_id(producer.send(target, data, when, properties=properties or None, key=key))
+        else:
+            ident, where = _park(client, producer, parking, target, data, when, properties, key)
     finally:
         producer.close()
         client.close()
-    ident = format_cancel_id(mid)
-    log.info("event=delayed_sent target=%s deliver_at=%d id=%s scheduling_topic=%s", target, when, ident,
-             terms.scheduling_topic)
+    log.info("event=delayed_sent target=%s deliver_at=%d id=%s via=%s", target, when, ident, where)
     click.echo(ident)
-    click.echo(f"deliver at {format_ms(when)} (in {max(0, when - now) / 1000:.1f} s) to {target}; "
-               f"cancel: pulsar-lifecycle delayed cancel {ident} --service-url {service_url}", err=True)
+    beyond = syncer is not None and parking is None and when - now > syncer.strategy.max_delay_ms
+    click.echo(f"deliver at {format_ms(when)} (in {max(0, when - now) / 1000:.1f} s) to {target} via {where}"
+               + (" (beyond the syncer's maximum delay: the writer holds it)" if beyond else "")
+               + f"; cancel: pulsar-lifecycle delayed cancel {ident} --service-url {service_url}", err=True)
+
+
+def _park(client: Any, near_term: Any, syncer: SyncerTerms, target: str, data: bytes, when: int,
+          properties: Dict[str, str], key: Optional[str]) -> Tuple[str, str]:
+    """Send through DelayLevelProducer on the syncer's terms: (the id, where it went)."""
+    from ..delaylevel.producer import DelayLevelProducer
+
+    producer = DelayLevelProducer(client, target, near_term, strategy=syncer.strategy,
+                                  delay_level_topic=syncer.delay_level_topic)
+    try:
+        sent = producer.send(data, deliver_at_ms=when, properties=properties or None, key=key)
+        producer.flush()  # the syncer's wake tick too
+    finally:
+        producer.close()
+    if sent.partition is None:  # the clock moved below one unit: the near-term path took it
+        return format_cancel_id(sent.message_id), sent.topic
+    return format_parked_id(sent.message_id, sent.partition), sent.topic
 
 
 @delayed.command("cancel")
@@ -190,9 +289,10 @@ def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Op
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=CANCEL_WAIT_S, show_default=True,
               help="Seconds to wait for the writer's answer.")
 @click.option("--no-wait", is_flag=True, help="Send the cancel and exit 0 without waiting for the answer.")
+@_syncer_option
 @_writer_options
-def cancel(message_id: str, timeout: float, no_wait: bool, service_url: str, writer_config: Optional[str],
-           scheduling_topic: Optional[str], connect_timeout: float) -> None:
+def cancel(message_id: str, timeout: float, no_wait: bool, syncer_config: Optional[str], service_url: str,
+           writer_config: Optional[str], scheduling_topic: Optional[str], connect_timeout: float) -> None:
     """Cancel the delayed message `delayed send` printed ID for, and say what happened.
 
     Waits (up to --timeout) for the writer's answer. Exit status: 0 cancelled (it will not be
@@ -200,7 +300,15 @@ def cancel(message_id: str, timeout: float, no_wait: bool, service_url: str, wri
     this id is indexed (a mistyped id, another writer's, or one still on its way: the writer keeps
     the cancel in case it arrives); 5 no answer within --timeout
     (the cancel was sent: the writer applies it when it reads it). --no-wait exits 0 once sent.
+    A parked message's id (`...@dl<k>`) is cancelled through the syncer, which answers nothing:
+    it drops the message when it reaches it (or passes the cancel on to the writer if it was
+    forwarded already); exit 0 once sent.
     """
+    parked = parse_parked_id(message_id)
+    if parked is not None:
+        check_service_url("--service-url", service_url)
+        _cancel_parked(message_id, parked, syncer_config, service_url, connect_timeout)
+        return
     import pulsar
 
     from ..runtime.connect import open_client
@@ -235,6 +343,34 @@ def cancel(message_id: str, timeout: float, no_wait: bool, service_url: str, wri
     click.echo(text)
     if code:
         raise SystemExit(code)
+
+
+def _cancel_parked(message_id: str, parked: Tuple[MessageRef, int], syncer_config: Optional[str], service_url: str,
+                   connect_timeout: float) -> None:
+    """The cancel of a parked message: to `<delay-level topic>-CANCEL`, as DelayLevelProducer.cancel sends it."""
+    from ..delaylevel.rule import CANCEL_PARTITION_PROP, cancel_topic
+    from ..runtime.connect import open_client
+    from ..scheduling_protocol import CANCEL_PROP
+
+    syncer = syncer_terms(syncer_config)
+    if syncer is None:
+        raise click.BadParameter(f"{message_id} is a parked message's id: give the syncer's config "
+                                 f"(no {DEFAULT_SYNCER_CONFIG} here)", param_hint="--syncer-config")
+    ref, level = parked
+    if level >= syncer.strategy.partitions:
+        raise click.BadParameter(f"{message_id}: the syncer has {syncer.strategy.partitions} delay-level partitions, "
+                                 f"not {level + 1}", param_hint="ID")
+    topic = cancel_topic(syncer.delay_level_topic)
+    client = open_client(service_url, connect_timeout)
+    try:
+        producer = client.create_producer(topic, batching_enabled=False)
+        producer.send(b"", properties={CANCEL_PROP: ref.format_cancel(), CANCEL_PARTITION_PROP: str(level)})
+        producer.close()
+    finally:
+        client.close()
+    log.info("event=delayed_cancel_sent id=%s cancel_topic=%s", message_id, topic)
+    click.echo(f"{message_id}: cancel sent to {topic}; the syncer drops the message when it reaches it (it "
+               "answers nothing: `inspect syncer` shows what it still holds)")
 
 
 def wait_cancel_outcome(reader: Any, cancel_ref: MessageRef, timeout_s: float) -> Optional[str]:
