@@ -80,6 +80,9 @@ Probe = Callable[[Optional[Pos]], Optional[Pos]]
 # Reads the partition's messages after a position (None: from the start) and before another, in
 # order, with a Reader of its own (Pulsar I/O, in the service).
 GapReader = Callable[[Optional[Pos], Pos], List[pulsar.Message]]
+# Reads the partition's messages after a position (None: from the start) up to its end, in order,
+# at most a given number, with a Reader of its own (Pulsar I/O, in the service).
+TailReader = Callable[[Optional[Pos], int], List[pulsar.Message]]
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,8 @@ class PartitionForwarder:
     def __init__(self, k: int, topic: str, consumer: pulsar.Consumer, publisher: DedupPublisher,
                  policy: ForwardPolicy, stop: threading.Event,
                  resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0,
-                 probe: Optional[Probe] = None, read_gap: Optional[GapReader] = None) -> None:
+                 probe: Optional[Probe] = None, read_gap: Optional[GapReader] = None,
+                 read_tail: Optional[TailReader] = None) -> None:
         self.k = k
         self.topic = topic
         self.consumer = consumer
@@ -177,7 +181,8 @@ class PartitionForwarder:
         # Without a probe (tests of other parts), messages are taken in the order they come.
         self._probe = probe
         self._read_gap = read_gap
-        self._gate: Optional[OrderGate[pulsar.Message]] = None
+        self._read_tail_fn = read_tail
+        self._tail_more = False  # the last tail read stopped at its limit: read on once idle        self._gate: Optional[OrderGate[pulsar.Message]] = None
         if probe is not None:
             frontier = Pos(*source_position(self._claimed)) if self._claimed > 0 else None
             self._gate = OrderGate(frontier, cap=max(queue, policy.batch_size), sizer=_batch_size)
@@ -396,6 +401,10 @@ class PartitionForwarder:
                     self._watch_for_stall()
                     self.stop.wait(0.1)
                     return
+            elif self._tail_more and not self._inflight:
+                self._read_tail()  # the rest of a held tail, without an idle receive first
+                if self._held:
+                    return
             # With a batch in flight, only look for more without waiting: an idle partition
             # confirms and acks what it sent first.
             msg = native_consumer.receive(self.consumer, 1 if self._inflight else IDLE_WAIT_MS)
@@ -474,6 +483,43 @@ class PartitionForwarder:
         new = self._watchdog.check(self.consumer)
         if new is not None:
             self.consumer = new
+            # Idle while the partition holds more than was received: the new consumer outweighs
+            # a permit deficit, but not a dead consumer that keeps what was dispatched to it
+            # (pulsar-lite). Nothing later arrives to open a gap, so read the tail.
+            self._read_tail()
+
+    def _read_tail(self) -> None:
+        """Admit what a Reader finds after the frontier, up to the partition's end (at most the
+        gate's cap, the memory bound of messages waiting beyond a gap; `_step` reads on when it
+        is reached): the partition's last messages, held by a consumer of the subscription that
+        does not hand them over (pulsar-lite keeps a SIGKILLed syncer's consumers with what was
+        dispatched to them). Forwarded in order like received ones; a copy the broker hands out
+        later is a handled position (order.py)."""
+        gate, read = self._gate, self._read_tail_fn
+        if gate is None or read is None or self.stop.is_set():
+            return
+        started = time.monotonic()
+        frontier = gate.frontier
+        found = read(frontier, gate.cap)
+        admitted = 0
+        for m in gate.admit_read([(position_of(msg.message_id(), with_size=True), msg) for msg in found]):
+            self._hold(m)
+            admitted += 1
+        self._tail_more = len(found) >= gate.cap
+        if not found:
+            self._tail_more = False
+            log.info("event=delay_level_partition_tail_read partition=%s frontier=%s read=0 seconds=%.2f",
+                     self.topic, frontier, time.monotonic() - started)
+            return
+        if self._watchdog is not None:
+            last = found[-1].message_id()
+            self._watchdog.seen(last.ledger_id(), last.entry_id())
+            self._watchdog.flowing()  # a dead consumer may be dealt more: look again at the next idle receive
+        log.warning("event=delay_level_partition_tail_read partition=%s frontier=%s read=%d admitted=%d more=%s "
+                    "seconds=%.2f reason='the partition's last messages are held by another consumer of the "
+                    "subscription that does not hand them over (pulsar-lite keeps a reset connection's consumers); "
+                    "read with a Reader'", self.topic, frontier, len(found), admitted, str(self._tail_more).lower(),
+                    time.monotonic() - started)
 
     # -- one batch -------------------------------------------------------------------------
 

@@ -15,9 +15,10 @@ from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
 from ..partition_assignment import assign_partitions
-from ..readers import reader_at
+from ..readers import close_quietly, has_more, reader_at
 from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
+from ..subscribe import subscribe_promptly
 from ..timing.delayed_producer import DelayedProducer
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
@@ -309,12 +310,20 @@ class DelayLevelSyncerService:
         if consumer is None:
             consumer = self._subscribe_partition(k, self.cfg.receiver_queue_size)
         forwarder = PartitionForwarder(k, topic, consumer, publisher, self._policy, self.stop_event,
-                                       resubscribe=lambda queue: self._subscribe(topic, queue),
+                                       resubscribe=lambda queue: self._resubscribe(topic, queue),
                                        probe=lambda after: self._first_after(topic, after),
-                                       read_gap=lambda after, until: self._read_between(topic, after, until))
+                                       read_gap=lambda after, until: self._read_between(topic, after, until),
+                                       read_tail=lambda after, limit: self._read_to_end(topic, after, limit))
         with self._grow_lock:
             self.forwarders.append(forwarder)  # stop() closes its consumer
         return forwarder
+
+    def _resubscribe(self, topic: str, queue: int) -> pulsar.Consumer:
+        """A new consumer of a partition for its stall watchdog. Through `subscribe_promptly`:
+        on pulsar-lite a dead predecessor that re-subscribed the same partition may still hold
+        the consumer id this one gets (a restarted process numbers its consumers alike), and the
+        refused subscribe would hold the partition for the client's operation timeout."""
+        return subscribe_promptly(lambda: self._subscribe(topic, queue), f"{topic} (re-subscribed)")
 
     def _first_after(self, topic: str, after: Optional[Pos]) -> Optional[Pos]:
         """The position of `topic`'s first message after `after` (None: its first), read by a
@@ -352,6 +361,25 @@ class DelayLevelSyncerService:
             pass
         finally:
             reader.close()
+        return found
+
+    def _read_to_end(self, topic: str, after: Optional[Pos], limit: int) -> List[pulsar.Message]:
+        """`topic`'s messages after `after` (None: from its first) up to its end, in order, read
+        by a Reader of its own: at most `limit`; stops at the end the broker reports, or after
+        PROBE_TIMEOUT_MS without a message. The forwarders' tail read (forwarder.py `_read_tail`)."""
+        reader = reader_at(self.client, topic, None if after is None else (after.ledger, after.entry))
+        found: List[pulsar.Message] = []
+        try:
+            for _ in range(limit + PROBE_MAX_READS):  # the rest of the frontier's batch comes first
+                if len(found) >= limit or not has_more(reader):
+                    break
+                msg = reader.read_next(PROBE_TIMEOUT_MS)
+                if after is None or position_of(msg.message_id()).key > after.key:
+                    found.append(msg)
+        except pulsar.Timeout:
+            pass
+        finally:
+            close_quietly(reader, topic)
         return found
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
