@@ -11,7 +11,7 @@ import click
 
 from .config.settings import ConfigError, user_config_from_json
 from .local_paths import absolute_path
-from .logging_setup import default_client_log, route_client_log, setup_logging
+from .logging_setup import ClientLogRotation, default_client_log, route_client_log, setup_logging
 
 
 class _OneLineErrors(click.Group):
@@ -179,7 +179,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
         data_dir=Path(data_dir), metrics_port=metrics_port, embedded_broker_port=embedded_broker_port,
         instance_id_offset=instance_id_offset, num_instances=num_instances,
     )
-    route_client_log(Path(data_dir) / "pulsar-client.log")
+    rotation = ClientLogRotation(Path(route_client_log(Path(data_dir) / "pulsar-client.log"))).start()
     runner = LocalRunner(spec, opts)
     try:
         runner.start()
@@ -197,6 +197,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
     signal.signal(signal.SIGTERM, on_signal)
     runner.wait(run_seconds)
     runner.stop()
+    rotation.stop()
 
 
 @main.command()

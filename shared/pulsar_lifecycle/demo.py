@@ -33,6 +33,7 @@ from .delaylevel.rule import ORIGIN_PARTITION_PROP
 from .deletion.admin import PulsarAdminClient
 from .deletion.model import TopicRef
 from .deletion.topics import DeletionTopics
+from .local_paths import absolute_path
 from .runtime.broker import EmbeddedBroker
 from .runtime.client import quiet_client, receive_messages
 from .runtime.localrun import LocalRunner, LocalRunOptions
@@ -401,7 +402,7 @@ def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None,
 
 
 @click.command()
-@click.option("--data-dir", type=click.Path(file_okay=False), default=None,
+@click.option("--data-dir", type=click.Path(file_okay=False), default=None, callback=absolute_path,
               help="Keep broker data and state here (default: a temporary directory).")
 @click.option("--pulsar", "real_pulsar", is_flag=True, default=False,
               help="Run on a real Apache Pulsar standalone on 127.0.0.1 (Java 17+; the first run resolves "

@@ -1,10 +1,22 @@
-"""The embedded default broker: pulsar-lite started on a free 127.0.0.1 port.
+"""The embedded default broker: pulsar-lite on a 127.0.0.1 port.
 
 pulsar-lite binds its metrics listener to 0.0.0.0:8080 unless told otherwise and silently
 ignores unknown config keys, so we always write the whole config file ourselves.
+
+One store per data directory: the broker runs with its data directory as working directory, so
+every path it is given is absolute (a relative one would name a directory nested inside it).
+`--db-path <data dir>/pulsar-lite.db` makes it keep `pulsar-lite.rocksdb/` (and, once a topic is
+partitioned, `pulsar-lite.metadata.json`) there. Older versions of this package passed a relative
+path and so kept the store of a relative data directory nested inside it
+(`<data dir>/<the relative path>/pulsar-lite.rocksdb`); a start finds such a store and moves it
+into place, or refuses, naming both, when the directory holds two.
+
+A kept data directory also keeps its port (`ports.json`): a restart serves the URL clients were
+given, unless another program took the port meanwhile.
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -18,12 +30,24 @@ from pathlib import Path
 from typing import IO, List, Optional, Tuple
 
 from ..exceptions import PulsarLifecycleError
+from ..local_paths import absolute
+from .listeners import PortHolder, port_holder
 
 log = logging.getLogger(__name__)
+
+DB_PATH = "pulsar-lite.db"  # what --db-path names; the broker derives the two below from it
+STORE_DIR = "pulsar-lite.rocksdb"
+STORE_METADATA = "pulsar-lite.metadata.json"
+PORTS_FILE = "ports.json"
 
 
 class BrokerError(PulsarLifecycleError, RuntimeError):
     """The embedded broker could not be started or stopped, or no broker is reachable."""
+
+
+class BrokerBusy(BrokerError):
+    """The port or the store is still held by the previous broker of the same data directory
+    (in its orphan grace period): worth waiting for, unlike any other start failure."""
 
 
 def broker_hosts(service_url: str) -> List[Tuple[str, int]]:
@@ -39,18 +63,41 @@ def broker_hosts(service_url: str) -> List[Tuple[str, int]]:
     return out
 
 
-def wait_for_broker(service_url: str, timeout_s: float, interval_s: float = 0.2) -> float:
+REFUSED_HINT = (
+    "nothing listens there. If it is the embedded broker of `pulsar-lifecycle up` or `localrun`, use the URL "
+    "it printed at its start: its --data-dir keeps its port across restarts unless another program took "
+    "the port meanwhile (then it printed the new one); `--embedded-broker-port N` pins the port")
+
+
+def _connect(host: str, port: int, timeout: float) -> str:
+    """"open", "refused" (nothing listens: known at once) or "no answer" for one TCP connect."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return "open"
+    except ConnectionRefusedError:
+        return "refused"
+    except OSError:
+        return "no answer"
+
+
+def wait_for_broker(service_url: str, timeout_s: float, interval_s: float = 0.2, refused_fails: bool = False) -> float:
     """Wait until a broker of `service_url` accepts TCP connections; returns the seconds waited.
 
     Raises BrokerError naming the URL and the time waited when none does within `timeout_s`.
+    With `refused_fails`, a connection every host refuses fails at once (nothing listens: a
+    command's user gave a wrong or stale URL) with what to do, instead of waiting it out.
     """
     hosts = broker_hosts(service_url)
     if not hosts:
         raise BrokerError(f"not a broker service URL: {service_url!r} (expected pulsar://host:port)")
     t0 = time.monotonic()
     while True:
-        if any(port_open(h, p, timeout=min(1.0, max(0.1, timeout_s))) for h, p in hosts):
+        outcomes = [_connect(h, p, min(1.0, max(0.1, timeout_s))) for h, p in hosts]
+        if "open" in outcomes:
             return time.monotonic() - t0
+        if refused_fails and all(o == "refused" for o in outcomes):
+            raise BrokerError(f"no broker at {service_url}: {', '.join(f'{h}:{p}' for h, p in hosts)} refused the "
+                              f"connection: {REFUSED_HINT}")
         waited = time.monotonic() - t0
         if waited >= timeout_s:
             raise BrokerError(f"no broker reachable at {service_url}: nothing accepted a connection on "
@@ -125,6 +172,70 @@ def _start_watchdog(owner_pid: int, broker_pid: int, grace_s: float) -> subproce
     )
 
 
+def _store_summary(store: Path) -> str:
+    """`1.2 MB, last written 2026-01-31 12:00:00 UTC` of a store directory."""
+    size, newest = 0, 0.0
+    for root, _dirs, files in os.walk(store):
+        for name in files:
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            size += st.st_size
+            newest = max(newest, st.st_mtime)
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(newest)) if newest else "never"
+    return f"{size / 1e6:.1f} MB, last written {when}"
+
+
+def stray_stores(data_dir: Path) -> List[Path]:
+    """Broker stores (`pulsar-lite.rocksdb` directories) below `data_dir` other than its own: what an
+    older version kept nested inside the data dir of a relative --data-dir. Stores are not entered."""
+    found = []
+    for root, dirs, _files in os.walk(data_dir):
+        if STORE_DIR in dirs:
+            dirs.remove(STORE_DIR)
+            if Path(root) != data_dir:
+                found.append(Path(root) / STORE_DIR)
+    return sorted(found)
+
+
+def settle_store(data_dir: Path) -> None:
+    """Make `data_dir` (absolute) hold at most one broker store, in place.
+
+    A store an older version kept nested inside it (see the module docstring) is moved into place
+    when it is the only one (logged, event=broker_store_moved). With two (or more) nothing is
+    moved or started: BrokerError names each, with its size and last write, and what to do.
+    """
+    strays = stray_stores(data_dir)
+    if not strays:
+        return
+    right = data_dir / STORE_DIR
+    if right.exists() or len(strays) > 1:
+        stores = ([right] if right.exists() else []) + strays
+        listing = "; ".join(f"{p} ({_store_summary(p)})" for p in stores)
+        nested_top = data_dir / strays[0].relative_to(data_dir).parts[0]
+        raise BrokerError(
+            f"{data_dir} holds {len(stores)} broker stores: {listing}. An older version of pulsar-lifecycle kept the "
+            f"store of a relative --data-dir nested inside it, so runs with the relative and the absolute spelling "
+            f"of one directory wrote different stores. Nothing was started. Keep the store that holds your data and "
+            f"move the other out of {data_dir}: to keep the nested one, `mv {right} {right}.old && mv {strays[0]} "
+            f"{right}` (and its {STORE_METADATA}, if any, beside it); to keep {right}, move {nested_top} away")
+    stray = strays[0]
+    os.rename(stray, right)
+    meta = stray.parent / STORE_METADATA
+    if meta.exists() and not (data_dir / STORE_METADATA).exists():
+        os.rename(meta, data_dir / STORE_METADATA)
+    parent = stray.parent
+    while parent != data_dir:  # the nested directories the old version created, now empty
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+        parent = parent.parent
+    log.info("event=broker_store_moved from=%s to=%s reason='an older version kept the store of a relative "
+             "--data-dir nested inside it'", stray, right)
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on `host` a moment ago."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -161,6 +272,9 @@ class EmbeddedBroker:
     _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _tmp: Optional[str] = field(default=None, init=False, repr=False)
     _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
+    _requested_port: Optional[int] = field(default=None, init=False, repr=False)
+    # When the port this data dir last ran on was taken by another program: (that port, its holder).
+    port_changed: Optional[Tuple[int, str]] = field(default=None, init=False)
 
     @property
     def service_url(self) -> str:
@@ -171,6 +285,65 @@ class EmbeddedBroker:
     def pid(self) -> Optional[int]:
         """The broker's process id while it runs."""
         return self._proc.pid if self._proc else None
+
+    @property
+    def db_path(self) -> Path:
+        """What --db-path names (absolute): the store is `pulsar-lite.rocksdb` beside it."""
+        assert self.data_dir is not None
+        return absolute(self.data_dir) / DB_PATH
+
+    def _ports_file(self) -> Optional[Path]:
+        return None if self._tmp is not None or self.data_dir is None else Path(self.data_dir) / PORTS_FILE
+
+    def remembered_port(self) -> Optional[int]:
+        """The port this data directory's broker last ran on (None: never, or a temporary dir)."""
+        path = self._ports_file()
+        if path is None or not path.is_file():
+            return None
+        try:
+            port = int(json.loads(path.read_text())["broker"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("event=broker_ports_unreadable path=%s error=%r", path, exc)
+            return None
+        return port if 0 < port < 65536 else None
+
+    def _remember_port(self) -> None:
+        path = self._ports_file()
+        if path is None:
+            return
+        try:
+            path.write_text(json.dumps({"broker": self.port}) + "\n")
+        except OSError as exc:  # only the next start's port depends on it
+            log.warning("event=broker_ports_unwritable path=%s error=%r", path, exc)
+
+    def _is_previous_broker(self, holder: Optional[PortHolder]) -> bool:
+        """Whether `holder` is a pulsar-lite on this data directory's store (a previous owner's
+        broker in its orphan grace period)."""
+        return holder is not None and "pulsar-lite" in holder.command and str(self.db_path) in holder.command
+
+    def _pick_port(self) -> int:
+        """The port to start on: the one asked for; else the one this data dir last ran on; else a
+        free one. A port held by the previous broker of this data dir raises BrokerBusy (start()
+        waits for it); an asked-for port held by anything else raises BrokerError naming the
+        holder; a remembered one held by anything else is given up for a free one (logged)."""
+        asked = self._requested_port or 0
+        port = asked or self.remembered_port() or 0
+        if port and port_open(self.host, port):
+            holder = port_holder(port)
+            who = holder.describe() if holder else "a process this user cannot see"
+            if self._is_previous_broker(holder):
+                raise BrokerBusy(f"port {self.host}:{port} is already in use by the previous broker of "
+                                 f"{self.data_dir} ({who})")
+            if asked:
+                raise BrokerError(f"port {self.host}:{port} is taken by {who}: stop it, or choose another "
+                                  "--embedded-broker-port (0 = the port this --data-dir last ran on, else a free one)")
+            new = free_port(self.host)
+            log.warning("event=broker_port_changed data_dir=%s previous=%d port=%d holder=%r reason='the port this "
+                        "data dir last ran on is taken; clients given the old URL must use the new one'",
+                        self.data_dir, port, new, who)
+            self.port_changed = (port, who)
+            return new
+        return port or free_port(self.host)
 
     @property
     def log_path(self) -> Path:
@@ -188,7 +361,7 @@ class EmbeddedBroker:
         cfg = Path(self.data_dir) / "pulsar-lite.toml"
         cfg.write_text(
             f'addr = "{self.host}:{self.port}"\n'
-            f'db_path = "{Path(self.data_dir) / "pulsar-lite.db"}"\n'
+            f'db_path = "{self.db_path}"\n'
             f'log_level = "{self.log_level}"\n'
             "default_partitions = 0\n" + metrics
         )
@@ -197,18 +370,21 @@ class EmbeddedBroker:
     def start(self, wait_for_previous: float = 0.0) -> "EmbeddedBroker":
         """Start the broker and wait until its port accepts connections.
 
-        `wait_for_previous` > 0: if the port is taken or the data directory locked (a previous
-        owner's broker in its orphan grace period), keep trying that many seconds.
+        `wait_for_previous` > 0: if the port or the store is held by the previous broker of this
+        data directory (in its orphan grace period), keep trying that many seconds. A port held by
+        anything else fails at once, naming the holder.
         """
         deadline = time.monotonic() + wait_for_previous
+        waited = False
         while True:
             try:
                 return self._start_once()
-            except BrokerError as exc:
-                busy = "already in use" in str(exc) or "locked by another broker" in str(exc)
-                if not busy or time.monotonic() >= deadline:
+            except BrokerBusy as exc:
+                if time.monotonic() >= deadline:
                     raise
-                log.info("event=broker_waiting_for_previous data_dir=%s reason=%s", self.data_dir, exc)
+                if not waited:  # once: the wait is at most the previous broker's grace period
+                    log.info("event=broker_waiting_for_previous data_dir=%s reason=%s", self.data_dir, exc)
+                waited = True
                 time.sleep(0.25)
 
     def _start_once(self) -> "EmbeddedBroker":
@@ -218,17 +394,18 @@ class EmbeddedBroker:
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="pulsar-lifecycle-broker-")
             self.data_dir = Path(self._tmp)
-        self.data_dir = Path(self.data_dir)
+        # Absolute before anything uses it: the broker's working directory is the data directory.
+        self.data_dir = absolute(self.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        if not self.port:
-            self.port = free_port(self.host)
-        elif port_open(self.host, self.port):
-            raise BrokerError(f"port {self.host}:{self.port} is already in use")
+        settle_store(self.data_dir)
+        if self._requested_port is None:
+            self._requested_port = self.port
+        self.port = self._pick_port()
         cfg = self._write_config()
         self._log_file = open(self.log_path, "ab")
         cmd = [
             str(binary), "--config", str(cfg), "--addr", f"{self.host}:{self.port}",
-            "--db-path", str(self.data_dir / "pulsar-lite.db"), "--log-level", self.log_level,
+            "--db-path", str(self.db_path), "--log-level", self.log_level,
         ]
         # cwd = data dir so a stray ./pulsar-lite.toml elsewhere is never picked up.
         self._proc = subprocess.Popen(
@@ -244,14 +421,15 @@ class EmbeddedBroker:
                 tail = self._log_tail()
                 self._cleanup_proc()
                 if "LOCK" in tail or "lock file" in tail.lower():
-                    holder = lock_holder(self.data_dir / "pulsar-lite.db" / "LOCK")
+                    holder = lock_holder(self.data_dir / STORE_DIR / "LOCK")
                     who = f"process {holder}" if holder else "another process"
-                    raise BrokerError(f"data directory {self.data_dir} is locked by another broker ({who}); "
+                    raise BrokerBusy(f"data directory {self.data_dir} is locked by another broker ({who}); "
                                       f"broker log: {self.log_path}")
                 raise BrokerError(f"pulsar-lite exited with rc={rc} before opening its port: "
                                   f"{_last_line(tail)} (full log: {self.log_path})")
             if port_open(self.host, self.port):
                 log.info("event=broker_started url=%s pid=%s data_dir=%s", self.service_url, self._proc.pid, self.data_dir)
+                self._remember_port()
                 return self
             time.sleep(0.02)
         self.stop()
@@ -299,6 +477,7 @@ class EmbeddedBroker:
     def restart(self) -> None:
         """Stop and start again on the same port and data directory."""
         self.stop(remove_data=False)
+        self._requested_port = self.port
         self.start()
 
     def __enter__(self) -> "EmbeddedBroker":

@@ -1,7 +1,7 @@
 """Connecting a command to a broker: bounded, and one clear error when it does not work.
 
 `open_client(url, timeout_s)` waits (up to `timeout_s`) for a broker of `url` to accept TCP
-connections, then checks that it speaks the Pulsar protocol: it sends the binary protocol's
+connections (a refused connection fails at once: nothing listens there), then checks that it speaks the Pulsar protocol: it sends the binary protocol's
 CONNECT command and waits for any answer. A port that accepts connections and never answers
 (a hung broker, a proxy with nothing behind it, another service) would otherwise hold every
 client call for its whole operation timeout while the client logs its reconnects.
@@ -112,14 +112,15 @@ def check_broker_answers(service_url: str, timeout_s: float) -> None:
 
 def open_client(service_url: str, timeout_s: float) -> pulsar.Client:
     """A client of `service_url` once a broker there accepts connections (waiting up to
-    `timeout_s` for one that comes up late) and answers the protocol.
+    `timeout_s` for one that does not answer yet; a refused connection fails at once, naming what
+    to do) and answers the protocol.
 
     Raises BrokerError naming the URL, what happened and the time waited (an answer is waited
     for at most ANSWER_TIMEOUT_S). Client operations then time out after max(`timeout_s`, 5)
     seconds; the client's own log goes to `client_log_path()`.
     """
     t0 = time.monotonic()
-    wait_for_broker(service_url, timeout_s)
+    wait_for_broker(service_url, timeout_s, refused_fails=True)
     remaining = timeout_s - (time.monotonic() - t0)
     check_broker_answers(service_url, min(ANSWER_TIMEOUT_S, max(1.0, remaining)))
     log.debug("event=broker_answers url=%s seconds=%.2f client_log=%s", service_url, time.monotonic() - t0,

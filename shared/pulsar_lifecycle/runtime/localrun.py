@@ -23,6 +23,7 @@ from ..clock import wall_clock_ms
 from ..config.settings import read_setting, to_int, to_str
 from ..durable import atomic_write
 from ..exceptions import PulsarLifecycleError
+from ..local_paths import absolute
 from ..scheduling_protocol import TICK_PROP
 from ..state import open_state_store
 from ..state.base import StateStore
@@ -163,7 +164,9 @@ class LocalRunner:
 
     def start(self) -> "LocalRunner":
         """Start the broker if needed, the state store, metrics and every instance."""
-        data_dir = Path(self.options.data_dir)
+        # Absolute once, here: the broker, the state store and the functions' snapshot dirs all
+        # derive their paths from it, and the broker runs in a working directory of its own.
+        data_dir = absolute(self.options.data_dir)
         prepare_data_dir(data_dir)
         if self.options.broker_service_url:
             check_reachable(self.options.broker_service_url)

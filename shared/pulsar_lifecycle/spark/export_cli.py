@@ -7,19 +7,21 @@ from typing import Optional, Tuple
 
 import click
 
+from ..local_paths import absolute_path
 from .errors import SparkJobError
 
 
 @click.command("export-backlog")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Directory of the Parquet files.")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), callback=absolute_path,
+              help="Directory of the Parquet files.")
 @click.option("--service-url", default=None, help="pulsar:// URL of the broker (draining a subscription).")
 @click.option("--topic", "topics", multiple=True,
               help="Scheduling topic (repeat for each partition `<topic>-partition-<k>` where needed).")
 @click.option("--subscription", default=None,
               help="The writer's scheduling subscription (default of the writer: tenant/namespace/name).")
-@click.option("--store", default=None, metavar="DIR",
+@click.option("--store", default=None, metavar="DIR", callback=absolute_path,
               help="The writer's snapshot directory: its lock is held while exporting (fails if the writer runs).")
-@click.option("--from-jobs", "jobs_file", type=click.Path(exists=True, dir_okay=False), default=None,
+@click.option("--from-jobs", "jobs_file", type=click.Path(exists=True, dir_okay=False), default=None, callback=absolute_path,
               help="Instead of a subscription: an external dataset of scheduled jobs (JSON lines).")
 @click.option("--dataset-id", type=int, default=0, show_default=True,
               help="With --from-jobs: picks the reserved position range (one id per dataset).")
@@ -59,10 +61,10 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
         else:
             if not (service_url and topics and subscription):
                 raise click.UsageError("draining needs --service-url, --topic and --subscription (or use --from-jobs)")
-            from ..runtime.client import quiet_client
+            from ..runtime.connect import open_client
 
             with exclusive(store) if store else contextlib.nullcontext():
-                client = quiet_client(service_url)
+                client = open_client(service_url, 30.0)  # a refused or silent broker: one line, not 30 s of retries
                 try:
                     report = run_export(client, list(topics), subscription, Path(out_dir), batch_rows=batch_rows,
                                         idle_ms=idle_ms, max_messages=max_messages)

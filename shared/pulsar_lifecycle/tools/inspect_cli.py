@@ -14,6 +14,7 @@ from rich.console import Console
 
 from ..cli_args import check_http_url, check_service_url
 from ..clock import wall_clock_ms
+from ..local_paths import absolute_path
 
 CONNECT_TIMEOUT_S = 30.0
 
@@ -52,7 +53,7 @@ def _config_option(default_name: str) -> Any:
 
 _json_option = click.option("--json", "as_json", is_flag=True, help="JSON on stdout instead of tables.")
 _data_dir_option = click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle",
-                                show_default=True, help="The --data-dir the function runs with under localrun or up.")
+                                show_default=True, callback=absolute_path, help="The --data-dir the function runs with under localrun or up.")
 _state_option = click.option("--state-storage-service-url", "state_url", default=None,
                              help="bk://host:port of the table service holding the function state "
                                   "(default: the directory store in --data-dir).")
@@ -77,7 +78,8 @@ def inspect_group() -> None:
 @inspect_group.command("writer")
 @_config_option("bucket-snapshot-writer.yaml")
 @_data_dir_option
-@click.option("--store", default=None, help="A snapshot store directory to read instead of the configured one.")
+@click.option("--store", default=None, callback=absolute_path,
+              help="A snapshot store directory to read instead of the configured one.")
 @_state_option
 @_json_option
 def inspect_writer_cmd(config_file: str, data_dir: str, store: Optional[str], state_url: Optional[str],

@@ -33,7 +33,7 @@ from ..delaylevel.config import SyncerConfig, parse_syncer_config
 from ..delaylevel.errors import ParkedMessageError
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
-from ..readers import has_more, reader_at
+from ..readers import has_more, holding_messages, reader_at
 from ..scheduler.context_state import ContextStateStore
 from ..state import StateStore
 from .common import InspectError, StateReader
@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 __all__ = ["PartitionView", "SyncerReport", "inspect_syncer", "syncer_config"]
 
 STATE_PREFIX = "dl/0/"  # the syncer's state prefix (delaylevel/wiring.py)
+# A partition whose Reader receives nothing in this long counts as empty (readers.holding_messages).
+EMPTY_WAIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -94,9 +96,10 @@ def _partition_count(cfg: SyncerConfig, state: Optional[ContextStateStore]) -> i
 
 
 def forwarded_watermarks(client: pulsar.Client, state: Optional[ContextStateStore], near_term_topic: str,
-                         producers: Dict[int, str], timeout_s: float) -> Dict[int, int]:
+                         producers: Dict[int, str], timeout_s: float, tail: bool = True) -> Dict[int, int]:
     """partition -> the highest forward sequence id on `near_term_topic` (absent: none), from each
-    producer's dedup snapshot and the topic's tail after the oldest snapshot."""
+    producer's dedup snapshot and (with `tail`: the topic holds messages) the topic's tail after
+    the oldest snapshot."""
     highest: Dict[int, int] = {}
     starts: List[Optional[Position]] = []
     for k, producer in producers.items():
@@ -125,7 +128,8 @@ def forwarded_watermarks(client: pulsar.Client, state: Optional[ContextStateStor
         highest[k] = max(highest.get(k, 0), seq)
         return True
 
-    read_tail(client, near_term_topic, start, on_message, timeout_s=timeout_s)
+    if tail:
+        read_tail(client, near_term_topic, start, on_message, timeout_s=timeout_s)
     return highest
 
 
@@ -168,7 +172,7 @@ def syncer_config(spec: Any) -> SyncerConfig:
 
 
 def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore], *, admin_url: Optional[str] = None,
-                   count_limit: int = 100_000, timeout_s: float = 60.0) -> SyncerReport:
+                   count_limit: int = 100_000, timeout_s: float = 60.0, empty_wait_s: float = EMPTY_WAIT_S) -> SyncerReport:
     """Read what the DelayLevelSyncer `spec` (a FunctionSpec) still holds; see the module docstring.
 
     Args:
@@ -178,6 +182,9 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
         admin_url: the admin REST API (real Pulsar): parked counts from the subscription backlog.
         count_limit: the Reader counts at most this many messages per partition.
         timeout_s: bound of each read (the tail replay and each partition).
+        empty_wait_s: how long a topic that delivers no message to a Reader counts as empty;
+            only topics that hold a message are counted and asked for their end (see
+            readers.holding_messages: an idle syncer's look logs no client error).
     """
     fqfn = f"{spec.tenant}/{spec.namespace}/{spec.name}"
     cfg = syncer_config(spec)
@@ -188,16 +195,20 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
     store = ContextStateStore(StateReader(state), prefix=STATE_PREFIX) if state is not None else None
     n = _partition_count(cfg, store)
     report = SyncerReport(fqfn, normalize_topic(cfg.delay_level_topic), sub, near, unit_ms, cfg.lookahead_millis)
+    topics = [partition_topic(report.delay_level_topic, k) for k in range(n)]
+    holding = holding_messages(client, topics + ([near] if near is not None else []), empty_wait_s)
     watermarks: Dict[int, int] = {}
-    if near is not None:
-        watermarks = forwarded_watermarks(client, store, near, {k: f"{prefix}-p{k}" for k in range(n)}, timeout_s)
+    if near is not None:  # its tail is read only when it holds messages
+        watermarks = forwarded_watermarks(client, store, near, {k: f"{prefix}-p{k}" for k in range(n)}, timeout_s,
+                                          tail=near in holding)
     admin = AdminView.connect(admin_url, 60.0) if admin_url else None
     try:
         for k in range(n):
             topic = partition_topic(report.delay_level_topic, k)
             seq = watermarks.get(k)
             after = source_position(seq) if seq else None
-            count, truncated, head = _read_partition(client, topic, k, after, cfg, count_limit, timeout_s)
+            count, truncated, head = (_read_partition(client, topic, k, after, cfg, count_limit, timeout_s)
+                                      if topic in holding else (0, False, None))
             parked: Optional[int] = count
             source = "reader"
             problem = "" if near is not None else "nearTermBackend broker: counted from the partition's start"

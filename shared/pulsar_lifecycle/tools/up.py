@@ -27,7 +27,7 @@ from ..config.system import system_problems
 from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
 from ..function_registry import USER_CONFIG_KEYS, topology_of
 from ..local_paths import absolute
-from ..logging_setup import route_client_log
+from ..logging_setup import ClientLogRotation, route_client_log
 from ..runtime.broker import EmbeddedBroker
 from ..runtime.client import quiet_client
 from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, check_reachable, prepare_data_dir
@@ -118,6 +118,7 @@ class LocalService:
     runners: Dict[str, LocalRunner] = field(default_factory=dict)
     client_log: str = ""
     _lock: Optional[DataDirLock] = field(default=None, repr=False)
+    _rotation: Optional[ClientLogRotation] = field(default=None, repr=False)
     _stopped: threading.Event = field(default_factory=threading.Event, repr=False)
 
     @property
@@ -134,6 +135,7 @@ class LocalService:
         self.data_dir = absolute(self.data_dir)  # one state per directory, however it was spelled
         prepare_data_dir(self.data_dir)
         self.client_log = route_client_log(self.data_dir / "pulsar-client.log")
+        self._rotation = ClientLogRotation(Path(self.client_log)).start()  # size-bounded while up runs
         try:
             if self.broker_service_url:
                 check_reachable(self.broker_service_url)
@@ -196,3 +198,6 @@ class LocalService:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+        if self._rotation is not None:
+            self._rotation.stop()
+            self._rotation = None

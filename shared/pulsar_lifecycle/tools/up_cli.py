@@ -11,6 +11,7 @@ from typing import Any, Optional, Tuple
 import click
 
 from ..cli_args import check_service_url
+from ..local_paths import absolute_path
 from ..logging_setup import log_to_file
 
 log = logging.getLogger(__name__)
@@ -18,16 +19,16 @@ log = logging.getLogger(__name__)
 
 @click.command("up")
 @click.option("--config-dir", type=click.Path(file_okay=False), default="function-configs", show_default=True,
-              help="Run every *.yaml here (one config per function name: the shortest file name wins).")
+              callback=absolute_path, help="Run every *.yaml here (one config per function name: the shortest file name wins).")
 @click.option("--function-config-file", "config_files", multiple=True, type=click.Path(dir_okay=False),
-              help="Run these configs instead of --config-dir's (repeatable).")
+              callback=absolute_path, help="Run these configs instead of --config-dir's (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
-              help="Broker data, function state and bucket snapshots; a restart with it continues.")
+              callback=absolute_path, help="Broker data, function state and bucket snapshots; a restart with it continues.")
 @click.option("--broker-service-url", default=None, help="pulsar:// URL; omitted = start the embedded pulsar-lite broker.")
 @click.option("--state-storage-service-url", default=None,
               help="bk://host:4181 for the function state; omitted = the directory store in --data-dir.")
 @click.option("--embedded-broker-port", type=click.IntRange(0, 65535), default=0, show_default=True,
-              help="Port of the embedded broker (0 = a free one).")
+              help="Port of the embedded broker (0 = the port this --data-dir last ran on, else a free one).")
 @click.option("--refresh", type=click.FloatRange(min=0.2), default=1.0, show_default=True,
               help="Seconds between status updates.")
 @click.option("--run-seconds", type=click.FloatRange(min=0), default=None, help="Stop by itself after this long (scripts).")
@@ -87,7 +88,14 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
             console.print(f"{plan.spec.name}: {change}")
     for note in notes:
         console.print(note)
-    console.print(f"broker {service.service_url}; pulsar-client log {service.client_log}"
+    broker = service.broker
+    if broker is not None and broker.port_changed is not None:
+        old, holder = broker.port_changed
+        console.print(f"broker port changed: {old}, the port this --data-dir last ran on, is taken by {holder}; "
+                      f"clients given the old URL must use {service.service_url}")
+    kept = "; its port is kept across restarts of this --data-dir (--embedded-broker-port pins one)" \
+        if broker is not None else ""
+    console.print(f"broker {service.service_url}{kept}; pulsar-client log {service.client_log}"
                   + (f"; log {Path(data_dir) / 'up.log'}" if console.is_terminal else ""))
     metrics = None
     if metrics_port is not None:
