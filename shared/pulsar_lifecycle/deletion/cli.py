@@ -9,11 +9,15 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any, Dict, Optional
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 import click
 
+from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
 from ..config.settings import defaults_of
+from ..up_manifest import running_function
 from .config import DeletionConfig
 from .model import (
     InvalidRequestError,
@@ -39,6 +43,95 @@ def _topics(opts: Dict[str, Any]) -> DeletionTopics:
 CONNECT_TIMEOUT_S = 30.0
 # The options that mirror the worker's userConfig keys take its defaults (declared once, in DeletionConfig).
 _WORKER = defaults_of(DeletionConfig)
+DEFAULT_WORKER_CONFIG = "function-configs/ledger-deletion-worker.yaml"
+DEFAULT_DATA_DIR = ".pulsar-lifecycle"
+WORKER_CLASS = "ledger_deletion_worker.LedgerDeletionWorker"
+
+
+@dataclass(frozen=True)
+class WorkerTerms:
+    """The LedgerDeletionWorker's userConfig as the requests will meet it, and where it came from."""
+
+    source: str
+    user_config: Dict[str, Any]
+    embedded: bool = False  # run by `up` on its embedded broker (pulsar-lite)
+    # True for --worker-config and a running `up`'s: what the worker runs with. The shipped
+    # config found by default only gives the delay defaults (a deployed worker may differ).
+    authoritative: bool = True
+
+
+def worker_terms(worker_config: Optional[str], data_dir: str, service_url: Optional[str]) -> Optional[WorkerTerms]:
+    """The worker's terms: --worker-config; else the worker a running `up` with `data_dir` runs on
+    `service_url` (its manifest, up_manifest.py: as it runs, e.g. without the URLs
+    pulsar-lite lacks); else the shipped config when present; else None (not known)."""
+    if worker_config is None and service_url:
+        running = running_function(Path(data_dir), service_url, WORKER_CLASS)
+        if running is not None:
+            where = "up's embedded broker" if running.embedded else service_url
+            return WorkerTerms(f"the LedgerDeletionWorker `up` runs on {where} ({running.config})",
+                               running.user_config, running.embedded)
+    path = worker_config or (DEFAULT_WORKER_CONFIG if Path(DEFAULT_WORKER_CONFIG).is_file() else None)
+    if path is None:
+        return None
+    if not Path(path).is_file():
+        raise click.BadParameter(f"{path} not found", param_hint="--worker-config")
+    try:
+        spec = spec_from_config(load_function_config(path))
+    except FunctionConfigError as exc:
+        raise click.BadParameter(f"{path}: {exc}", param_hint="--worker-config") from exc
+    if spec.class_name != WORKER_CLASS:
+        raise click.BadParameter(f"{path} is a {spec.class_name} config, not a LedgerDeletionWorker's",
+                                 param_hint="--worker-config")
+    return WorkerTerms(str(path), dict(spec.user_config or {}), authoritative=worker_config is not None)
+
+
+def resolve_delay(backend: Optional[str], scheduling_topic: Optional[str],
+                  terms: Optional[WorkerTerms]) -> tuple:
+    """(delay backend, scheduling topic): the options, else the worker's delayBackend and
+    schedulingTopic (its phase-one delays then go where its own do), else the broker backend."""
+    user = terms.user_config if terms is not None else {}
+    if backend is None:
+        backend = str(user.get("delayBackend", _WORKER["delayBackend"])) if terms is not None else "broker"
+    if scheduling_topic is None and backend == "scheduler":
+        scheduling_topic = user.get("schedulingTopic") or None
+    return backend, scheduling_topic
+
+
+def serving_problems(info: PendingDeleteLedgerInfo, user: Dict[str, Any]) -> List[str]:
+    """Why a worker with userConfig `user` cannot serve `info` (it would dead-letter it): a
+    missing in-use oracle or storage for the request's component and type; [] when it can."""
+    if info.ledger_component is LedgerComponent.DELAYED_INDEX_BUCKET:
+        if not user.get("bucketSnapshotHooks"):
+            return ["no bucketSnapshotHooks: no in-use oracle or store for DELAYED_INDEX_BUCKET (the writer's "
+                    "snapshots)"]
+        return []
+    out = []
+    if info.check_ledger_still_in_use and not user.get("pulsarAdminUrl"):
+        out.append(f"no pulsarAdminUrl: no in-use oracle for {info.ledger_component.value} ledgers (internalStats)")
+    if info.ledger_type is LedgerType.OFFLOAD_LEDGER:
+        if not any(user.get(k) for k in ("s3Bucket", "s3AllowedBuckets", "s3EndpointUrl", "filesystemBasePath")):
+            out.append("no s3Bucket / s3AllowedBuckets / s3EndpointUrl / filesystemBasePath: it cannot delete "
+                       "offloaded ledgers")
+    elif not user.get("bookieHttpUrls"):
+        out.append("no bookieHttpUrls: it cannot delete BookKeeper ledgers")
+    return out
+
+
+def refuse_unservable(info: PendingDeleteLedgerInfo, terms: Optional[WorkerTerms]) -> None:
+    """click.ClickException, before anything is sent, when the worker would dead-letter `info`."""
+    if terms is None or not terms.authoritative:
+        return
+    problems = serving_problems(info, terms.user_config)
+    if not problems:
+        return
+    hint = ("pulsar-lite has no admin REST API and no bookies, so `up` runs the worker without pulsarAdminUrl "
+            "and bookieHttpUrls: on the embedded broker only DELAYED_INDEX_BUCKET requests (with "
+            "bucketSnapshotHooks) can be served; run against a Pulsar cluster (`up --broker-service-url`) whose "
+            "worker config sets them" if terms.embedded
+            else "set them in the worker's userConfig (docs/deletion.md), or pass --worker-config with the one it runs")
+    raise click.ClickException(f"ledger {info.ledger_id} NOT enqueued ({info.ledger_component.value}, "
+                               f"{info.ledger_type.value}): {terms.source} would dead-letter it: {'; '.join(problems)}. "
+                               f"{hint}")
 
 
 def _client(url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
@@ -129,15 +222,19 @@ def _topic_options(f: Any) -> Any:
     return deletion_topic_options(f)
 
 
-def build_service(opts: Dict[str, Any], delay_seconds: int, backend: str, scheduling_topic: Optional[str],
-                  connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
-    """(LedgerDeletionService, client) for the parsed deletion-topic and delay options.
+def build_service(opts: Dict[str, Any], delay_seconds: int, backend: Optional[str], scheduling_topic: Optional[str],
+                  connect_timeout_s: float = CONNECT_TIMEOUT_S, worker: Optional[WorkerTerms] = None) -> Any:
+    """(LedgerDeletionService, client) for the parsed deletion-topic and delay options; a backend
+    of None is the worker's (`worker`, else found by worker_terms), see resolve_delay.
 
     Close both with close_service(service, client)."""
     from ..timing import DelayedProducer
     from .service import LedgerDeletionService
 
     topics = _check_connection_options(opts)  # bad options fail before any connection is made
+    if backend is None:
+        terms = worker if worker is not None else worker_terms(None, DEFAULT_DATA_DIR, opts.get("service_url"))
+        backend, scheduling_topic = resolve_delay(None, scheduling_topic, terms)
     _check_delay(delay_seconds, backend, scheduling_topic)
     client = _client(opts["service_url"], connect_timeout_s)
     delayed = None
@@ -159,8 +256,11 @@ def delay_options(f: Any) -> Any:
     """The phase-one send-delay options (shared with `spark orphans --enqueue`)."""
     f = click.option("--send-delay-seconds", type=int, default=_WORKER["sendDelaySeconds"], show_default=True,
                      help="sendDelaySeconds; 0 sends at once.")(f)
-    f = click.option("--delay-backend", type=click.Choice(["broker", "scheduler"]), default="broker", show_default=True)(f)
-    f = click.option("--scheduling-topic", default=None, help="The scheduler's input topic (scheduler backend).")(f)
+    f = click.option("--delay-backend", type=click.Choice(["broker", "scheduler"]), default=None,
+                     help="How sendDelaySeconds is applied [default: the worker's delayBackend (its config, or what "
+                          "a running `up` runs), else broker].")(f)
+    f = click.option("--scheduling-topic", default=None,
+                     help="The scheduler's input topic (scheduler backend) [default: the worker's schedulingTopic].")(f)
     return f
 
 
@@ -182,10 +282,21 @@ def deletion() -> None:
 @click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false.")
 @click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
               help="Seconds to wait for the broker to accept connections.")
+@click.option("--worker-config", default=None,
+              help="The LedgerDeletionWorker's config YAML [default: the worker a running `up` with --data-dir runs "
+                   f"on --service-url, else {DEFAULT_WORKER_CONFIG} when present]: its delay backend, and whether it "
+                   "can serve the request.")
+@click.option("--data-dir", default=DEFAULT_DATA_DIR, show_default=True,
+              help="The --data-dir of a running `up` (where it says what it runs).")
 def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[str], offload_driver: Optional[str],
             offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool, connect_timeout: float,
-            send_delay_seconds: int, delay_backend: str, scheduling_topic: Optional[str], **opts: Any) -> None:
-    """Enqueue one ledger for two-phase deletion."""
+            worker_config: Optional[str], data_dir: str, send_delay_seconds: int, delay_backend: Optional[str],
+            scheduling_topic: Optional[str], **opts: Any) -> None:
+    """Enqueue one ledger for two-phase deletion.
+
+    Refused before anything is sent when the worker (--worker-config, or what a running `up`
+    runs) has no in-use oracle or storage for the request: it would dead-letter it.
+    """
     ctx = None
     ltype = LedgerType.LEDGER
     if offload_uuid:
@@ -199,6 +310,9 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 
     info = _pending_info(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
                          {"cursor": cursor} if cursor else None, _check_connection_options(opts))
+    terms = worker_terms(worker_config, data_dir, opts.get("service_url"))
+    refuse_unservable(info, terms)
+    delay_backend, scheduling_topic = resolve_delay(delay_backend, scheduling_topic, terms)
     service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic, connect_timeout)
     try:
         mid = service.append(info)

@@ -76,8 +76,29 @@ def _in_out(runner: LocalRunner, kind: str) -> tuple:
         cancelled = metric_total(reg, "pulsar_delay_level_cancelled_total") or 0.0
         taken = None if forwarded is None else forwarded + dead + cancelled
         return taken, forwarded
+    if kind == WORKER:  # out: requests done (deleted or already gone); dead letters are not (note)
+        done = [user_metric_total(reg, f"ledger_deletion_{k}") for k in ("deleted", "already_gone")]
+        return (metric_total(reg, "pulsar_function_received_total"),
+                None if all(v is None for v in done) else sum(v or 0.0 for v in done))
     return (metric_total(reg, "pulsar_function_received_total"),
             metric_total(reg, "pulsar_function_processed_successfully_total"))
+
+
+def user_metric_total(registry: CollectorRegistry, metric: str) -> Optional[float]:
+    """The total a function recorded under `metric` (the user-metric Summary's sum; for a
+    running total or a level recorded repeatedly it is not the value: use the gauge)."""
+    return metric_total(registry, "pulsar_function_user_metric_sum", metric=metric)
+
+
+def _worker_note(runner: LocalRunner) -> str:
+    """Dead letters and retries of a deletion worker, apart from what it deleted."""
+    reg = runner.metrics.registry if runner.metrics is not None else CollectorRegistry()
+    dead = user_metric_total(reg, "ledger_deletion_dead_lettered") or 0.0
+    retried = user_metric_total(reg, "ledger_deletion_retried") or 0.0
+    parts = [f"{int(dead)} dead-lettered: `deletion dlq list`"] if dead else []
+    if retried:
+        parts.append(f"{int(retried)} retried")
+    return "; ".join(parts + ["pending: `inspect deletion`"])
 
 
 class StatusBoard:
@@ -168,7 +189,7 @@ class StatusBoard:
                 lag = int(forward_lag) if forward_lag is not None else None
             note = probed.get("note", "")
             if spec.class_name == WORKER and not note:
-                note = "pending: `inspect deletion`"
+                note = _worker_note(runner)
             out.append(FunctionStatus(spec.name, spec.class_name, runner.instances_running(),
                                       int(spec.parallelism or 1), msg_in, msg_out, probed.get("pending"), lag, note))
         return out

@@ -32,6 +32,7 @@ from ..runtime.broker import EmbeddedBroker
 from ..runtime.client import quiet_client
 from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, check_reachable, prepare_data_dir
 from ..scheduler.wake import send_start_ticks
+from ..up_manifest import remove_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -155,6 +156,9 @@ class LocalService:
                 log.info("event=up_function_started fqfn=%s/%s/%s config=%s", spec.tenant, spec.namespace, spec.name,
                          plan.path.name)
             self._wake()
+            # What runs here, as it runs (e.g. the worker without the URLs pulsar-lite lacks), for
+            # commands that need a running function's terms (`deletion enqueue`).
+            write_manifest(self.data_dir, self.service_url, self.broker is not None, self.plans)
         except BaseException:
             self.stop()
             raise
@@ -187,6 +191,7 @@ class LocalService:
     def stop(self) -> None:
         """Stop the functions (last started first), then the broker; release --data-dir. Safe twice."""
         self._stopped.set()
+        remove_manifest(self.data_dir)
         for name in reversed(list(self.runners)):
             t0 = time.monotonic()
             self.runners[name].stop()
