@@ -89,7 +89,8 @@ def bench_index(per_day: int, days: int, lookahead_ms: int, seed: int) -> None:
 
 def park(client: pulsar.Client, business: str, sched: str, strategy: DelayLevelTopicPartitionStrategy,
          n: int, delays_ms: List[int], payload: bytes) -> None:
-    prod = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy,
+    prod = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                              delay_level_topic=business + "-delay-level", strategy=strategy,
                               max_pending_messages=5000)
     failed = []
     for i in range(n):

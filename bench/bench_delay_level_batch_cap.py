@@ -34,6 +34,7 @@ def one_run(service_url: str, cap: int, messages: int) -> Tuple[float, int]:
     suffix = uuid.uuid4().hex[:8]
     business = f"persistent://public/default/batch-cap-{suffix}"
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=f"{business}-sched"),
+                                  delay_level_topic=business + "-delay-level",
                                   strategy=DelayLevelTopicPartitionStrategy(3600, PartitionBy.SECONDS, unit_seconds=600),
                                   max_pending_messages=5000, batching_max_messages=cap)
     ids: List[Optional[DelayLevelMessageId]] = []

@@ -225,7 +225,10 @@ def scene_delay_level(broker: DemoBroker, data_dir: Path, configs: Path) -> Scen
                              initial_position=pulsar.InitialPosition.Earliest)
     out = client.subscribe(business, "dl-demo-reader", consumer_type=pulsar.ConsumerType.Shared,
                            initial_position=pulsar.InitialPosition.Earliest)
-    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy)
+    # The demo's syncer counts in 3-s units, so it serves a delay-level topic of its own; the shipped
+    # syncer serves DelayLevelProducer's default, the shared persistent://public/default/delay-level.
+    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy,
+                                  delay_level_topic=f"{business}-delay-level")
     delays = {"in-1s": 1000, "in-4.5s": 4500, "in-8s": 8000, "in-13s": 13000}
     sent: Dict[str, Any] = {}
     forwarded: Dict[str, Any] = {}

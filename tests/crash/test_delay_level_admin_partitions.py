@@ -107,6 +107,7 @@ def test_partitions_added_through_the_admin_api_are_discovered_and_forwarded_onc
         wait_subscribed(broker.admin_url, [partition_topic(t["dl"], k) for k in range(BEFORE)])
         strategy = DelayLevelTopicPartitionStrategy(BEFORE * UNIT_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
         producer = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
+                                      delay_level_topic=t["dl"],
                                       strategy=strategy)
         start = now_ms()
         park(producer, parked, 2_500, BEFORE * UNIT_S * 1000, rng, "a", 1500)
@@ -117,6 +118,7 @@ def test_partitions_added_through_the_admin_api_are_discovered_and_forwarded_onc
         grow_partitioned_topic(broker.admin_url, t["dl"], AFTER)
         assert partition_count(broker.admin_url, t["dl"]) == AFTER
         grown = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
+                                   delay_level_topic=t["dl"],
                                    strategy=DelayLevelTopicPartitionStrategy(AFTER * UNIT_S, PartitionBy.SECONDS,
                                                                              unit_seconds=UNIT_S))
         # Delays of 20-28 s: partitions 9-13, four of them new.

@@ -167,6 +167,7 @@ def test_syncer_and_writer_sigkilled_every_message_once_never_early_bounded_late
                            initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
     strategy = DelayLevelTopicPartitionStrategy(UNITS * UNIT_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
     producer = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
+                                  delay_level_topic=t["dl"],
                                   strategy=strategy, max_pending_messages=5000)
     rng = random.Random(11)
     seen: Dict[bytes, Set[Tuple[int, int, int]]] = {}

@@ -57,6 +57,7 @@ def test_restarted_syncer_forwards_a_partition_its_killed_predecessor_held(broke
     watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
                              initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  delay_level_topic=business + "-delay-level",
                                   strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2),
                                   max_pending_messages=5000, batching_max_messages=int(os.environ.get("DLST_BATCH", "100")))
     procs = []
@@ -96,6 +97,7 @@ def test_a_partition_left_with_a_permit_deficit_is_unblocked_by_resubscribing(br
     n = 600
     client = quiet_client(broker.service_url)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  delay_level_topic=business + "-delay-level",
                                   strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2),
                                   max_pending_messages=5000, batching_max_messages=1000,
                                   batching_max_publish_delay_ms=200)  # one big entry, as a foreign producer may

@@ -133,6 +133,7 @@ def test_writer_sigkilled_ten_times_on_a_shared_broker(request, tmp_path, unique
                                    initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=5000)
         strategy = DelayLevelTopicPartitionStrategy(UNITS * UNIT_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
         producer = DelayLevelProducer(client, t["business"], DelayedProducer(client, scheduling_topic=t["sched"]),
+                                      delay_level_topic=t["dl"],
                                       strategy=strategy, max_pending_messages=5000)
         if broker.standalone is not None:
             wait_subscribed(broker.admin_url, [t["sched"]] + [partition_topic(t["dl"], k) for k in range(UNITS)])

@@ -33,6 +33,7 @@ def test_restarted_syncer_is_woken_by_its_held_tick(broker, tmp_path, unique):
     opts = LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path / "data")
     client = quiet_client(broker.service_url)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  delay_level_topic=business + "-delay-level",
                                   strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2))
     runner = LocalRunner(spec, opts).start()
     try:
@@ -68,6 +69,7 @@ def test_shipped_config_starts_by_itself_on_the_first_parked_message(broker, tmp
                                                                 data_dir=tmp_path / "data")).start()
     client = quiet_client(broker.service_url)
     producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  delay_level_topic=business + "-delay-level",
                                   strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2))
     try:
         assert getattr(runner.functions()[0], "service", None) is None  # idle: no tick yet

@@ -55,6 +55,7 @@ def make_service(client: pulsar.Client, tmp_path: Path, topics: Dict[str, str], 
 def make_producer(client: pulsar.Client, topics: Dict[str, str], max_s: int = 20) -> DelayLevelProducer:
     strategy = DelayLevelTopicPartitionStrategy(max_s, PartitionBy.SECONDS, unit_seconds=UNIT_S)
     return DelayLevelProducer(client, topics["business"], DelayedProducer(client, scheduling_topic=topics["sched"]),
+                              delay_level_topic=topics["business"] + "-delay-level",
                               strategy=strategy)
 
 

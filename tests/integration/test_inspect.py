@@ -144,7 +144,8 @@ def test_inspect_syncer_counts_parked_messages_and_next_forward(broker, tmp_path
     client = quiet_client(broker.service_url)
     watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
                              initial_position=pulsar.InitialPosition.Earliest)
-    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched), strategy=strategy)
+    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  delay_level_topic=dl, strategy=strategy)
     args = ["inspect", "syncer", "--function-config-file", str(path), "--service-url", broker.service_url,
             "--data-dir", str(data), "--json"]
     if kind_of(broker) == "pulsar":
