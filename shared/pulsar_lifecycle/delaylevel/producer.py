@@ -8,6 +8,7 @@ strategy's maximum raises DelayTooLongError: nothing is silently dropped or clam
 """
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping, Optional, Tuple
@@ -29,6 +30,8 @@ from .rule import (
 from .strategy import DelayLevelTopicPartitionStrategy
 
 __all__ = ["DelayLevelMessageId", "DelayLevelProducer", "SendCallback"]
+
+log = logging.getLogger(__name__)
 
 _RESERVED = (DELIVER_AT_PROP, TARGET_PROP, BASE_PROP, LEVEL_PROP)
 # Messages per batch (one broker entry). Keep it at most half the syncer's receiverQueueSize (200):
@@ -112,6 +115,10 @@ class DelayLevelProducer:
                 # ticks are acked by the syncer). Sent once per producer object, before the
                 # first parked message, without waiting for it.
                 self._wake = False
+                # Once per producer: where parked messages wait, which a syncer must serve
+                # (`inspect syncer` names the topic it serves).
+                log.info("event=delay_level_parking delay_level_topic=%s business_topic=%s hint='forwarded by the "
+                         "DelayLevelSyncer whose delayLevelTopic is this topic'", self.delay_level_topic, self.topic)
                 ticks = self._ticks.get(tick_topic(self.delay_level_topic))
                 ticks.send_async(b"tick", None, properties={TICK_PROP: str(self.clock())})
         return self._producers.get(topic)

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..cli_args import format_ms
+from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
 from .deletion_view import DeletionReport
 from .syncer_view import SyncerReport
 from .writer_view import WriterReport, report_dict
@@ -96,7 +97,11 @@ def syncer_view(report: SyncerReport, now_ms: int) -> Group:
         parked = "?" if p.parked is None else (f">={p.parked}" if p.truncated else str(p.parked))
         table.add_row(str(p.partition), parked, p.parked_source, p.last_forwarded or "-",
                       relative(p.next_forward_ms, now_ms), format_ms(p.next_deliver_at_ms), p.problem)
-    head = Text(f"delay-level topic {report.delay_level_topic}, subscription {report.subscription}, "
+    # A producer parks on the default topic unless told otherwise: a syncer of another topic
+    # sees only the producers that name it.
+    whose = ("DelayLevelProducer's default" if report.delay_level_topic == DEFAULT_DELAY_LEVEL_TOPIC else
+             f"not DelayLevelProducer's default {DEFAULT_DELAY_LEVEL_TOPIC}: only producers that name it park here")
+    head = Text(f"delay-level topic {report.delay_level_topic} ({whose}), subscription {report.subscription}, "
                 f"forwards to {report.near_term_topic or 'the business topics (broker backend)'}")
     return Group(head, table)
 

@@ -209,3 +209,18 @@ def test_up_runs_a_custom_set_as_given_and_names_its_dead_ends(tmp_path: Path) -
     assert [n for n in notes if n.startswith("dead end: worker.yaml") and "__delayed_scheduling" in n], notes
     shipped, shipped_notes = plan_functions(sorted((REPO / "function-configs").glob("*.yaml")), embedded=True)
     assert shipped_notes == [] and len(shipped) == 4
+
+
+def test_inspect_syncer_says_whether_producers_park_on_its_topic_by_default() -> None:
+    from rich.console import Console
+
+    from pulsar_lifecycle.tools.render import syncer_view
+    from pulsar_lifecycle.tools.syncer_view import SyncerReport
+
+    def head(topic: str) -> str:
+        console = Console(width=400, record=True)
+        console.print(syncer_view(SyncerReport("public/default/s", topic, "s", SCHED, 1000, 0), 0))
+        return console.export_text().splitlines()[0]
+    assert "(DelayLevelProducer's default)" in head("persistent://public/default/delay-level")
+    assert "not DelayLevelProducer's default persistent://public/default/delay-level: only producers that name it" \
+        in head(f"{NS}/orders-delay-level")
