@@ -27,6 +27,7 @@ from .exceptions import PulsarLifecycleError
 
 __all__ = [
     "BATCH_INDEX_PROP",
+    "CANCEL_KEPT_PROP",
     "CANCEL_OUTCOMES",
     "CANCEL_OUTCOME_PROP",
     "CANCEL_PROP",
@@ -58,6 +59,8 @@ TICK_PROP = "__pl_tick__"  # on wake ticks (the writer's own and the local runne
 REPLY_TO_PROP = "__pl_reply_to__"  # on a cancel: the topic to answer on (cancel_reply_topic only)
 CANCEL_OUTCOME_PROP = "__pl_cancel_outcome__"  # on a cancel's answer: one of CANCEL_OUTCOMES
 CANCEL_REPLY_SUFFIX = "-CANCEL-REPLY"
+# on a not_known_yet answer: how long the writer keeps the cancel (unknownCancelRetentionSeconds)
+CANCEL_KEPT_PROP = "__pl_cancel_kept_seconds__"
 # cancelled: pending, it will not be delivered; already_released: delivered before the cancel;
 # not_known_yet: no such message indexed (yet): the cancel is kept in case it is on its way.
 CANCEL_OUTCOMES = ("cancelled", "already_released", "not_known_yet")

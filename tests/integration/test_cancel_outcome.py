@@ -65,6 +65,7 @@ def test_cancel_reports_the_outcome_and_a_restart_reads_no_cancel_again(broker, 
         unknown = f"{ledger}:9999"
         code, out, _ = _cancel(unknown, common, tmp_path)
         assert code == EXIT_NOT_KNOWN and out.startswith(f"{unknown}: not known (yet)"), out
+        assert "keeps the cancel for 86400 s (unknownCancelRetentionSeconds)" in out, out
         # The writer's log names the ids users see (a batched 1:4:0 is not 1:4096)
         logged = " ".join(r.getMessage() for r in caplog.records if "event=cancel_request" in r.getMessage())
         for ident, outcome in ((sent["later"], "cancelled"), (sent["soon"], "already_released"),

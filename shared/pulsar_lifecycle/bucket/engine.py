@@ -122,6 +122,9 @@ class BucketIndex:
         self._pending = LedgerBitmaps()
         self._seen = LedgerBitmaps()
         self._tombstones = LedgerBitmaps()
+        # Tombstones of positions not seen (a cancel before its message, or of an unknown id) ->
+        # since when (this clock, ms; at recovery the recovery's time): expire_unknown_cancels.
+        self._unknown_since: Dict[Tuple[int, int], int] = {}
         # release state
         self._released: Deque[Tuple[int, int, int, int, bool]] = deque()  # (seq, ts, l, e, cancelled)
         self._last_key: Optional[ReleaseKey] = None
@@ -206,8 +209,10 @@ class BucketIndex:
             self._journal_last = journal.journal_last
             self._mutable.restore(journal.items, journal.start, journal.end, self._clock)
             # Keep the tombstones of pending items and of items not added yet (cancelled early).
-            self._tombstones = self._tombstones.intersection(self._pending).union(
-                self._tombstones.difference(self._seen))
+            unknown = self._tombstones.difference(self._seen)
+            self._tombstones = self._tombstones.intersection(self._pending).union(unknown)
+            since = self._clock()  # when each was made is not kept: a restart starts their time again
+            self._unknown_since = {item: since for item in unknown.items()}
             for bid in orphans:
                 pending_delete.setdefault(bid, "")
             for bid, key in exhausted:
@@ -264,8 +269,10 @@ class BucketIndex:
             seal_failed = False  # after a failed seal, do not retry for every message of the call
             for i, m in enumerate(msgs):
                 ident = (m.ledger_id, m.entry_id)
-                if ident in batch_ids or seen(m.ledger_id, m.entry_id) or (
-                        cancelled_early is not None and cancelled_early(m.ledger_id, m.entry_id)):
+                if ident in batch_ids or seen(m.ledger_id, m.entry_id):
+                    continue
+                if cancelled_early is not None and cancelled_early(m.ledger_id, m.entry_id):
+                    self._unknown_since.pop(ident, None)  # its message came: kept, it no longer expires
                     continue
                 if (m.ledger_id > max_ledger and mutable_count + len(batch) >= min_index and not seal_failed
                         and self._pulsar_seal_due(m.ledger_id, max_ledger, mutable_count + len(batch))):
@@ -347,8 +354,9 @@ class BucketIndex:
     def cancel(self, ledger_id: int, entry_id: int) -> CancelResult:
         """Cancel an item: a durable tombstone. A pending item is still released in its turn (it
         consumes its seq), flagged cancelled=True. An item not added yet - its cancel overtook
-        it (a redelivery, another partition) - is dropped when its add arrives; such tombstones
-        are kept for good (one bit each). Cancelling a released item is reported."""
+        it (a redelivery, another partition) - is dropped when its add arrives; a tombstone whose
+        message has not come is kept until expire_unknown_cancels drops it (one bit each).
+        Cancelling a released item is reported."""
         self._check_uint("ledger_id", ledger_id)
         self._check_uint("entry_id", entry_id, MAX_ENTRY_ID)
         with self._write_lock:
@@ -370,9 +378,33 @@ class BucketIndex:
                 if seen and not self._pending.contains(ledger_id, entry_id):
                     return CancelResult.ALREADY_RELEASED
                 self._tombstones.add(ledger_id, entry_id)
+                if not seen:
+                    self._unknown_since[(ledger_id, entry_id)] = self._clock()
             logger.info("event=delayed_message_cancelled id=%s before_add=%s", format_user_id(ledger_id, entry_id),
                         str(not seen).lower())
             return CancelResult.CANCELLED if seen else CancelResult.CANCELLED_BEFORE_ADD
+
+    def expire_unknown_cancels(self, keep_ms: int) -> List[Tuple[int, int]]:
+        """Drop the tombstones of positions never added that are older than `keep_ms` (a cancel of
+        an unknown id, or one whose message never came): a message that arrives later is then
+        indexed and delivered. The drop is made durable by the next manifest (a crash before it
+        brings such a tombstone back from the journal, for another `keep_ms`). Returns what expired."""
+        with self._write_lock:
+            with self._lock:
+                now = self._clock()
+                due = [item for item, since in self._unknown_since.items() if now - since >= keep_ms]
+                for item in due:
+                    del self._unknown_since[item]
+                    if not self._seen.contains(*item):
+                        self._tombstones.discard(*item)
+        for ledger_id, entry_id in due:
+            logger.info("event=unknown_cancel_expired id=%s kept_ms=%d", format_user_id(ledger_id, entry_id), keep_ms)
+        return due
+
+    def unknown_cancels(self) -> int:
+        """Tombstones of positions never added (kept until expire_unknown_cancels drops them)."""
+        with self._lock:
+            return len(self._unknown_since)
 
     # ------------------------------------------------------------------------ sealing -------
     def seal(self) -> bool:

@@ -59,6 +59,10 @@ class WriterConfig:
         'maxDelaySeconds', 400 * 86400,
         'Deliver-at times further than this in the future are refused (sent to invalidMessageTopic).',
         minimum=1)
+    unknown_cancel_retention_seconds: int = setting(
+        'unknownCancelRetentionSeconds', 86400,
+        "How long a cancel of an id the writer has not indexed is kept (its tombstone), in case its message is still on its way to the writer (redelivered after a crash, behind a backlog): the message is dropped when it comes within this time and delivered after it. `delayed cancel` answers such a cancel `not known (yet)` and names this time. The id a cancel names is the position of a message already stored on the scheduling topic, so the race is only as long as the writer's intake lags (an outage, a backlog): one day covers a writer down for a day, at one bit and one map entry per unknown id. A restart starts the time again for the tombstones it recovers.",
+        minimum=1)
     invalid_message_topic: str = setting(
         'invalidMessageTopic', '',
         'Where malformed scheduling messages go, with the reason in `__pl_error__`; default `<first input>-INVALID`.')

@@ -33,6 +33,7 @@ from ..dedup.publisher import DedupPublisher, OutMessage
 from ..durable import DurableWriteError
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
+    CANCEL_KEPT_PROP,
     CANCEL_OUTCOME_PROP,
     CANCEL_PROP,
     ERROR_PROP,
@@ -361,6 +362,8 @@ class SchedulerService:
             ledger, entry, partition, batch = item.source
             props = {CANCEL_OUTCOME_PROP: outcome, CANCEL_PROP: item.target,
                      ORIGIN_MSG_ID_PROP: format_origin_msg_id(ledger, entry, partition, batch)}
+            if outcome == "not_known_yet":
+                props[CANCEL_KEPT_PROP] = str(self.config.unknown_cancel_retention_seconds)
             payload = json.dumps({"id": item.target, "outcome": outcome}).encode("utf-8")
             out.append(OutMessage(payload, seq, props, None, None))
         self.publisher.publish_many(self.reply_topic, out)
@@ -389,6 +392,7 @@ class SchedulerService:
                 self._advance_commit()
                 last_commit = now
             if now - last_metrics >= self.config.metrics_interval_seconds:
+                self._expire_unknown_cancels()
                 self._record_metrics()
                 last_metrics = now
             if releases:
@@ -458,6 +462,11 @@ class SchedulerService:
         if upto > self._committed:
             self.engine.commit(upto)
             self._committed = upto
+
+    def _expire_unknown_cancels(self) -> None:
+        expire = getattr(self.engine, "expire_unknown_cancels", None)
+        if expire is not None:
+            expire(self.config.unknown_cancel_retention_seconds * 1000)
 
     def _record_metrics(self) -> None:
         stats = self.engine.stats()

@@ -373,13 +373,14 @@ def _cancel_parked(message_id: str, parked: Tuple[MessageRef, int], syncer_confi
                "answers nothing: `inspect syncer` shows what it still holds)")
 
 
-def wait_cancel_outcome(reader: Any, cancel_ref: MessageRef, timeout_s: float) -> Optional[str]:
-    """The outcome the writer answered for the cancel at `cancel_ref`, or None after `timeout_s`."""
+def wait_cancel_outcome(reader: Any, cancel_ref: MessageRef, timeout_s: float) -> Optional[Tuple[str, str]]:
+    """(outcome, seconds the writer keeps an unknown id's cancel or "") the writer answered for
+    the cancel at `cancel_ref`, or None after `timeout_s`."""
     import time
 
     import pulsar
 
-    from ..scheduling_protocol import CANCEL_OUTCOME_PROP, ORIGIN_MSG_ID_PROP
+    from ..scheduling_protocol import CANCEL_KEPT_PROP, CANCEL_OUTCOME_PROP, ORIGIN_MSG_ID_PROP
 
     deadline = time.monotonic() + timeout_s
     while True:
@@ -397,19 +398,21 @@ def wait_cancel_outcome(reader: Any, cancel_ref: MessageRef, timeout_s: float) -
             continue  # not an answer (nothing else is sent there)
         if (origin.ledger_id, origin.entry_id, max(origin.batch_index, 0)) == (
                 cancel_ref.ledger_id, cancel_ref.entry_id, max(cancel_ref.batch_index, 0)):
-            return props.get(CANCEL_OUTCOME_PROP, "")
+            return props.get(CANCEL_OUTCOME_PROP, ""), props.get(CANCEL_KEPT_PROP, "")
 
 
-def describe_cancel_outcome(message_id: str, outcome: Optional[str], timeout_s: float) -> Tuple[str, int]:
+def describe_cancel_outcome(message_id: str, answer: Optional[Tuple[str, str]], timeout_s: float) -> Tuple[str, int]:
     """(the line `delayed cancel` prints, its exit status) for the writer's answer."""
+    outcome, kept = answer if answer is not None else (None, "")
     if outcome == "cancelled":
         return f"{message_id}: cancelled; it will not be delivered", EXIT_CANCELLED
     if outcome == "already_released":
         return f"{message_id}: already delivered; a cancel cannot call it back", EXIT_ALREADY_RELEASED
     if outcome == "not_known_yet":
-        return (f"{message_id}: not known (yet): the writer has indexed no message with this id. A mistyped id or "
-                "another writer's? If it is still on its way, the writer keeps the cancel and drops the message "
-                "when it arrives", EXIT_NOT_KNOWN)
+        keeps = f"for {kept} s" if kept else "for a while"
+        return (f"{message_id}: not known (yet): the writer has indexed no message with this id (a mistyped id, or "
+                f"another writer's?). It keeps the cancel {keeps} (unknownCancelRetentionSeconds) in case the "
+                "message is still on its way, and drops the message if it comes by then", EXIT_NOT_KNOWN)
     if outcome is None:
         return (f"{message_id}: no answer from the writer within {timeout_s:g} s (is it running? `inspect writer`); "
                 "the cancel was sent and is applied when the writer reads it", EXIT_NO_ANSWER)
