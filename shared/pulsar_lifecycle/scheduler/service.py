@@ -495,15 +495,23 @@ class LatenessHistogram:
         self.count = 0
 
     def observe_round(self, released_at_ms: int, deliver_at_ms: List[int]) -> None:
-        """One release round: every message released at `released_at_ms`."""
+        """One release round: every message released at `released_at_ms`. Runs on the release
+        thread once per round: the deliver-at times sorted once and cut at each bound (a lateness
+        <= B is a deliver-at >= released_at - B), not a bucket search per message."""
+        n = len(deliver_at_ms)
+        if not n:
+            return
+        ds = sorted(deliver_at_ms)
         counts = self.counts
-        for deliver_at in deliver_at_ms:
-            late = released_at_ms - deliver_at
-            if late < 0:
-                late = 0
-            counts[bisect.bisect_left(LATENESS_BUCKETS_MS, late)] += 1
-            self.sum_ms += late
-        self.count += len(deliver_at_ms)
+        above = n  # messages with lateness > the previous bound: deliver-at < released_at - bound
+        for i, bound in enumerate(LATENESS_BUCKETS_MS):
+            later = bisect.bisect_left(ds, released_at_ms - bound)  # lateness > bound
+            counts[i] += above - later if i else n - later
+            above = later
+        counts[-1] += above
+        early = bisect.bisect_right(ds, released_at_ms)  # deliver-at <= release: lateness >= 0
+        self.sum_ms += released_at_ms * early - sum(ds[:early])  # a deliver-at after the release counts 0
+        self.count += n
 
     def values(self) -> List[Tuple[str, float]]:
         """The histogram's series as (name, value): cumulative buckets, +Inf, sum and count."""
