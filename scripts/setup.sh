@@ -35,6 +35,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[${extra}]"
 if [ "$extra" = "test" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
-  .venv/bin/python -m pulsar_lifecycle.runtime.pulsar_release  # resolves once; later runs find the cache
+  # resolves once; later runs find the cache. The test suite also runs `pulsar-admin` (client tools).
+  .venv/bin/python -m pulsar_lifecycle.runtime.pulsar_release $([ "$extra" = "test" ] && echo --client-tools)
 fi
 echo "pulsar-lifecycle installed in $(pwd)/.venv"

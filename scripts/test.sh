@@ -16,5 +16,7 @@ fi
 # a failure shows its assertion and message, not pages of test source.
 status=0
 .venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -m timing || status=$?
-.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -n "${TEST_WORKERS:-3}" -m "not timing" || status=$?
+# --dist loadgroup: a module marked xdist_group (the real function worker's) runs on one worker,
+# sharing its standalone; every other test is dealt out as before.
+.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -n "${TEST_WORKERS:-3}" --dist loadgroup -m "not timing" || status=$?
 exit "$status"

@@ -16,7 +16,8 @@ import pytest
 # functions the local runner loads by class name (support.fn_samples).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-pytest_plugins = ["support.broker_fixtures", "support.spark_fixtures", "support.deletion", "support.cli"]
+pytest_plugins = ["support.broker_fixtures", "support.spark_fixtures", "support.deletion", "support.cli",
+                  "support.real_worker"]
 
 # The directory says what a test needs, so `-m "not crash"` or `-m "not integration"` selects by layout
 # (modules may add `slow` and the like themselves).

@@ -1,25 +1,27 @@
-"""The deploy example of docs/operations.md, run as written under this repository's reproduction of
-Pulsar's Python instance (support/pulsar_python_instance/, started by support/functions_create.py
-as a function worker starts it), on a real Pulsar standalone whose table service keeps the
-function state.
+"""The deploy example of docs/operations.md, run as written through Pulsar's real function worker:
+an Apache Pulsar 4.0.0 standalone with its function worker (process runtime, function state on
+its table service) and the real `pulsar-admin` CLI (support/real_worker.py), the instances
+running this repository's reproduction of Pulsar's Python instance
+(support/pulsar_python_instance/, which Pulsar does not publish on Maven Central).
 
 `pulsar-lifecycle ...` lines run as commands in a copy of the repository layout; each
-`pulsar-admin functions create` line starts the function's instances with the worker's command
-line, `--state_storage_serviceurl` included. The shipped writer then keeps its index on that
-table service and releases every message exactly once and never early, also across a SIGKILL
-and a start in a new directory (another worker); the user-metric series the docs name are the
-ones the runtime's Summary serves.
+`pulsar-admin functions create` line runs as written. The shipped writer then keeps its index on
+the table service and releases every message exactly once and never early, also across a
+SIGKILL of its instance (the worker starts it again) and `functions restart`; `functions
+status`, `functions stats` and the worker's /metrics/ show what the docs name; `functions
+delete` stops every instance. One standalone serves the module.
 """
 from __future__ import annotations
 
 import base64
+import json
 import re
 import shlex
 import subprocess
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import pulsar
 import pytest
@@ -30,14 +32,16 @@ from pulsar_lifecycle.config.function_config import load_function_config
 from pulsar_lifecycle.packaging.zip_builder import build_wheel
 from pulsar_lifecycle.state.bk_table import BookKeeperStateStore
 from support.docs_blocks import doc_blocks
-from support.functions_create import DeployedFunction, FunctionWorker, Instance
 from support.paths import REPO
+from support.real_worker import PulsarAdmin, RealWorker, skip_unless_real_pulsar, start_worker_standalone
 
 OPERATIONS = REPO / "docs" / "operations.md"
 DEPLOY_HEADING = "## Deploying on a Pulsar cluster"
 # What an operator's checkout has that the example's commands use.
 CHECKOUT = (".venv", "pyproject.toml", "shared", "functions", "function-configs")
-STATE_REASON = "the tables live on the real standalone's table service (pulsar-lite has none)"
+WORKER_REASON = "Pulsar's function worker and table service run on the real standalone only"
+# One xdist worker runs this module, so its tests share the module's standalone.
+pytestmark = [pytest.mark.pulsar_only(WORKER_REASON), pytest.mark.xdist_group("real-worker-deploy")]
 
 
 def deploy_commands() -> List[str]:
@@ -91,14 +95,6 @@ def _wait_for(what: str, check: Callable[[], Any], timeout_s: float, interval_s:
         time.sleep(interval_s)
 
 
-@pytest.fixture
-def worker(broker, tmp_path: Path) -> Iterator[FunctionWorker]:
-    """A function worker with function state: the standalone's table service."""
-    w = FunctionWorker(broker.service_url, broker.state_storage_url, tmp_path / "worker")
-    yield w
-    w.stop_all()
-
-
 class Releases:
     """The writer's output topic, read from the start; only this run's payloads count."""
 
@@ -145,18 +141,20 @@ def _index_on_the_table_service(state_url: str, fqfn: str) -> Tuple[str, str]:
                 close()
 
 
-@pytest.mark.pulsar_only(STATE_REASON)
 @pytest.mark.timeout(1200)
-def test_the_docs_deploy_example_runs_as_written(broker, worker: FunctionWorker, tmp_path: Path) -> None:
+def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, tmp_path: Path) -> None:
     project = _checkout(tmp_path)
-    deployed: Dict[str, DeployedFunction] = {}
+    admin = real_worker.admin
+    deployed: Dict[str, str] = {}  # config file name -> fqfn
     commands = deploy_commands()
     assert any(c.startswith("pulsar-admin functions create") for c in commands), commands
     for command in commands:
         if command.startswith("pulsar-admin functions create "):
             args = shlex.split(command)
             config = project / _argument(args, "--function-config-file")
-            deployed[config.name] = worker.create(project / _argument(args, "--py"), config)
+            assert admin.create(project / _argument(args, "--py"), config) == "Created successfully"
+            cfg = load_function_config(config)
+            deployed[config.name] = f"{cfg['tenant']}/{cfg['namespace']}/{cfg['name']}"
         elif command.startswith(".venv/bin/pulsar-lifecycle "):
             res = subprocess.run(["bash", "-c", command], cwd=project, capture_output=True, text=True, timeout=900)
             assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
@@ -164,12 +162,13 @@ def test_the_docs_deploy_example_runs_as_written(broker, worker: FunctionWorker,
             pytest.fail(f"the deploy example has a step this test cannot run: {command}")
 
     writer = deployed["bucket-snapshot-writer.yaml"]
-    for fn in deployed.values():  # the deletion worker's four instances too
-        for instance in fn.instances:
-            instance.wait_running(timeout_s=300)
+    for config_name, fqfn in deployed.items():  # the deletion worker's instances too
+        parallelism = int(load_function_config(project / "function-configs" / config_name)["parallelism"])
+        admin.wait_running(fqfn, parallelism, timeout_s=300)
     cfg = load_function_config(project / "function-configs" / "bucket-snapshot-writer.yaml")
     run = f"deploy-{uuid.uuid4().hex[:8]}"
-    client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
+    state_url = real_worker.state_storage_url
+    client = pulsar.Client(real_worker.service_url, operation_timeout_seconds=30)
     try:
         releases = Releases(client, cfg["output"], run)
         producer = client.create_producer(cfg["userConfig"]["schedulingTopic"])
@@ -180,23 +179,35 @@ def test_the_docs_deploy_example_runs_as_written(broker, worker: FunctionWorker,
         releases.drain(100, timeout_s=180)
         assert len(releases.got) >= 100, f"{len(releases.got)} of the first 100 released"
 
-        first = writer.instances[0]
-        log = first.log_text()
-        assert f"event=bucket_index_location storage=bookkeeper at={broker.state_storage_url}" in log, log[-3000:]
-        assert not (first.directory / "buckets").exists()
-        index_id, followed = _index_on_the_table_service(broker.state_storage_url, writer.fqfn)
+        log = real_worker.instance_log_text(writer, 0)
+        assert f"event=bucket_index_location storage=bookkeeper at={state_url}" in log, log[-3000:]
+        (argv,) = real_worker.instance_processes(writer, 0).values()
+        assert argv[0] == "python3" and "--state_storage_serviceurl" in argv, argv
+        assert not (Path(_argument(argv, "--py")).parent / "buckets").exists()
+        index_id, followed = _index_on_the_table_service(state_url, writer)
         assert index_id and index_id == followed, (index_id, followed)
-        _check_user_metrics(first, writer)
+        _check_user_metrics(real_worker, writer)
+        _check_status_and_stats(real_worker, writer)
 
-        # SIGKILL, then start in a new directory, as a worker elsewhere would.
+        # SIGKILL the instance: the worker's liveness check starts it again.
         released_before_kill, killed_at = len(releases.got), int(time.time() * 1000)
         if killed_at < later - 5000:
             assert released_before_kill == 100, "the later 100 must still be pending in the index at the kill"
-        moved = writer.restart(0)
-        moved.wait_running(timeout_s=300)
+        restarts = {i["instanceId"]: i["status"]["numRestarts"] for i in admin.status(writer)["instances"]}
+        killed = real_worker.kill_instance(writer, 0)
+        admin.wait_running(writer, 1, timeout_s=300, since_restarts=restarts)
+        assert killed not in real_worker.instance_pids(writer, 0)
         due.update(_schedule(producer, run, 200, 50, int(time.time() * 1000) + 3000))
         releases.drain(len(due), timeout_s=300)
-        assert _index_on_the_table_service(broker.state_storage_url, writer.fqfn) == (index_id, index_id)
+        # `functions restart`: the worker stops the instance and starts it again.
+        before = real_worker.instance_pids(writer, 0)
+        assert admin.restart(writer, 0) == "Restarted successfully"
+        _wait_for("a new writer process after `functions restart`",
+                  lambda: (real_worker.instance_pids(writer, 0) or before) != before, timeout_s=120)
+        admin.wait_running(writer, 1, timeout_s=300)
+        due.update(_schedule(producer, run, 250, 20, int(time.time() * 1000) + 3000))
+        releases.drain(len(due), timeout_s=300)
+        assert _index_on_the_table_service(state_url, writer) == (index_id, index_id)
     finally:
         client.close()
 
@@ -208,28 +219,49 @@ def test_the_docs_deploy_example_runs_as_written(broker, worker: FunctionWorker,
     early = sorted(p for p, at in releases.got if at < due[p])
     assert not missing and not twice and not early, (
         f"missing {len(missing)} {missing[:5]}, twice {len(twice)} {twice[:5]}, early {len(early)} {early[:5]}")
+
+    for fqfn in deployed.values():
+        admin.delete(fqfn)
+    _wait_for("every instance stopped after `functions delete`",
+              lambda: not any(real_worker.instance_pids(f, i) for f in deployed.values() for i in range(8)),
+              timeout_s=120)
+    assert not set(admin.list()) & {f.split("/")[-1] for f in deployed.values()}
     print(f"deploy example: {len(commands)} commands; {len(due)} scheduled, {len(releases.got)} released, "
           f"0 missing, 0 twice, 0 early; {released_before_kill} released before the SIGKILL, "
-          f"{len(due) - released_before_kill} after the start in a new directory; index {index_id} on "
-          f"{broker.state_storage_url}")
+          f"{len(due) - released_before_kill} after the worker's restart and `functions restart`; index "
+          f"{index_id} on {state_url}")
 
 
-def _check_user_metrics(instance: Instance, writer: DeployedFunction) -> None:
-    """The writer's recordings are in the runtime's Summary under the names the docs use."""
+def _check_user_metrics(real_worker: RealWorker, writer: str) -> None:
+    """The writer's recordings are in the worker's /metrics/ (the instance's Summary) under the
+    names the docs use, with the runtime's labels."""
     def released_series() -> List[Dict[str, str]]:
-        series = _series(instance.metrics()).get("pulsar_function_user_metric_count", [])
-        return [s for s in series if s.get("metric") == "pulsar_lifecycle_scheduler_released_total"]
+        series = _series(real_worker.admin.worker_metrics()).get("pulsar_function_user_metric_count", [])
+        return [s for s in series if s.get("metric") == "pulsar_lifecycle_scheduler_released_total"
+                and s.get("fqfn") == writer]
 
     found = _wait_for("the writer's released_total recording", released_series, timeout_s=90)
-    tenant, namespace, name = writer.fqfn.split("/")
+    tenant, namespace, name = writer.split("/")
     assert found == [{"tenant": tenant, "namespace": namespace, "name": name, "instance_id": "0",
-                      "cluster": writer.worker.cluster_name, "fqfn": writer.fqfn,
+                      "cluster": "standalone", "fqfn": writer,
                       "metric": "pulsar_lifecycle_scheduler_released_total"}]
-    served = set(_series(instance.metrics()))
+    served = set(_series(real_worker.admin.worker_metrics()))
     documented = documented_user_metric_series()
     assert documented, "docs/operations.md names no user-metric series"
     assert set(documented) <= served, f"named in the docs, not served: {sorted(set(documented) - served)}"
     assert not [s for s in served if s.startswith("pulsar_function_user_metric__")]
+
+
+def _check_status_and_stats(real_worker: RealWorker, writer: str) -> None:
+    """`functions status` and `functions stats` count what the instance processed."""
+    status = real_worker.admin.status(writer)
+    assert status["numRunning"] == status["numInstances"] == 1, json.dumps(status)
+    assert status["instances"][0]["status"]["numReceived"] >= 1, json.dumps(status)
+    stats = real_worker.admin.stats(writer)
+    (only,) = stats["instances"]
+    assert only["metrics"]["processedSuccessfullyTotal"] >= 1, json.dumps(stats)
+    released = only["metrics"]["userMetrics"].get("user_metric_pulsar_lifecycle_scheduler_released_total_count")
+    assert released is not None and released >= 1, json.dumps(stats)
 
 
 # -- what a cluster refuses, at the first message ------------------------------------------------
@@ -259,33 +291,71 @@ def _documented_no_state_error() -> str:
                 if b.text.startswith("userConfig snapshotStorage=auto"))
 
 
-@pytest.mark.pulsar_only(STATE_REASON)
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("case", ["no-function-state", "directory-without-snapshotDir"])
-def test_what_a_cluster_refuses_names_the_key_to_set(broker, tmp_path: Path, unique: str, wheel: Path,
-                                                     case: str) -> None:
-    """The error a writer stops with at its first message under Pulsar's runtime (the message is
-    nacked, the error in the instance's log): the docs' line for a worker without function
-    state; snapshotDir for the config as shipped before `auto`."""
-    if case == "no-function-state":
-        worker = FunctionWorker(broker.service_url, None, tmp_path / "worker")
-        path, cfg = _writer_config(tmp_path, unique)
-        expected = _documented_no_state_error()
-    else:
-        worker = FunctionWorker(broker.service_url, broker.state_storage_url, tmp_path / "worker")
-        path, cfg = _writer_config(tmp_path, unique, snapshotStorage="directory")
-        expected = "userConfig snapshotStorage=directory needs snapshotDir under Pulsar's runtime"
+def _send_one(service_url: str, cfg: Dict) -> None:
+    client = pulsar.Client(service_url, operation_timeout_seconds=30)
     try:
-        fn = worker.create(wheel, path)
-        instance = fn.instances[0]
-        instance.wait_running(timeout_s=180)
-        client = pulsar.Client(broker.service_url, operation_timeout_seconds=30)
-        try:
-            client.create_producer(cfg["userConfig"]["schedulingTopic"]).send(
-                b"x", properties={"__pl_deliver_at__": str(int(time.time() * 1000) + 1000)})
-        finally:
-            client.close()
-        _wait_for(f"the instance's log naming {expected!r}", lambda: expected in instance.log_text(), timeout_s=120)
-        assert "Exception while executing user method" in instance.log_text()
+        client.create_producer(cfg["userConfig"]["schedulingTopic"]).send(
+            b"x", properties={"__pl_deliver_at__": str(int(time.time() * 1000) + 1000)})
     finally:
-        worker.stop_all()
+        client.close()
+
+
+def _wait_refused(real_worker: RealWorker, fqfn: str, expected: str) -> None:
+    """The error the writer stops with at its first message is in its instance log (the message
+    is nacked: Pulsar's runtime logs the user exception and goes on)."""
+    def logged() -> bool:
+        return expected in real_worker.instance_log_text(fqfn, 0)
+
+    _wait_for(f"the instance's log naming {expected!r}", logged, timeout_s=120)
+    assert "Exception while executing user method" in real_worker.instance_log_text(fqfn, 0)
+
+
+@pytest.mark.timeout(600)
+def test_directory_storage_is_refused_until_an_update_sets_snapshotDir(real_worker: RealWorker, tmp_path: Path,
+                                                                       unique: str, wheel: Path) -> None:
+    """snapshotStorage=directory without snapshotDir names the key at the first message; `functions
+    update` with the key set restarts the instance, which then releases what was scheduled."""
+    admin = real_worker.admin
+    path, cfg = _writer_config(tmp_path, unique, snapshotStorage="directory")
+    fqfn = f"public/default/{cfg['name']}"
+    admin.create(wheel, path)
+    admin.wait_running(fqfn, 1, timeout_s=180)
+    _send_one(real_worker.service_url, cfg)
+    _wait_refused(real_worker, fqfn, "userConfig snapshotStorage=directory needs snapshotDir under Pulsar's runtime")
+
+    cfg["userConfig"]["snapshotDir"] = str(tmp_path / "index")
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    before = real_worker.instance_pids(fqfn, 0)
+    assert admin.update(fqfn, "--function-config-file", str(path)) == "Updated successfully"
+    _wait_for("the instance started again by `functions update`",
+              lambda: (real_worker.instance_pids(fqfn, 0) or before) != before, timeout_s=120)
+    admin.wait_running(fqfn, 1, timeout_s=180)
+    client = pulsar.Client(real_worker.service_url, operation_timeout_seconds=30)
+    try:
+        releases = Releases(client, cfg["output"], "x")
+        releases.drain(1, timeout_s=120)  # the nacked message, redelivered to the updated instance
+    finally:
+        client.close()
+    assert [p for p, _ in releases.got] == ["x"], releases.got
+    assert (tmp_path / "index").is_dir()
+    admin.delete(fqfn)
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_without_function_state_names_the_key_to_set(tmp_path: Path, unique: str, wheel: Path) -> None:
+    """The docs' error line, at the first message, for a worker without function state (its own
+    standalone, without a table service)."""
+    skip_unless_real_pulsar()
+    standalone = start_worker_standalone(tmp_path / "no-state", stream_storage=False)
+    try:
+        worker = RealWorker(standalone, PulsarAdmin(standalone.admin_url, standalone.service_url, tmp_path / "admin"))
+        path, cfg = _writer_config(tmp_path, unique)
+        fqfn = f"public/default/{cfg['name']}"
+        worker.admin.create(wheel, path)
+        worker.admin.wait_running(fqfn, 1, timeout_s=180)
+        (argv,) = worker.instance_processes(fqfn, 0).values()
+        assert "--state_storage_serviceurl" not in argv, argv
+        _send_one(standalone.service_url, cfg)
+        _wait_refused(worker, fqfn, _documented_no_state_error())
+    finally:
+        standalone.stop(remove_data=True)

@@ -37,6 +37,10 @@ PULSAR_VERSION = "4.0.0"
 LOG4J_VERSION = "2.24.3"  # the broker's jars log through slf4j; log4j writes our own log file
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
 MIN_JAVA = 17
+# `pulsar-admin` (the tests' `functions create`): 4.0.0's pulsar-client-tools is not on Maven
+# Central, 4.0.8 is and speaks the 4.0 admin API; Jackson pinned to its BOM's version.
+CLIENT_TOOLS_VERSION = "4.0.8"
+CLIENT_TOOLS_JACKSON = "2.17.2"
 
 
 class PulsarSetupError(PulsarLifecycleError, RuntimeError):
@@ -103,6 +107,25 @@ _POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
 </project>
 """
 
+_CLIENT_TOOLS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>pulsar-lifecycle.local</groupId>
+  <artifactId>pulsar-client-tools-runtime</artifactId>
+  <version>{version}</version>
+  <packaging>pom</packaging>
+  <dependencyManagement>
+    <dependencies>
+      <dependency><groupId>com.fasterxml.jackson</groupId><artifactId>jackson-bom</artifactId><version>{jackson}</version><type>pom</type><scope>import</scope></dependency>
+    </dependencies>
+  </dependencyManagement>
+  <dependencies>
+    <dependency><groupId>org.apache.pulsar</groupId><artifactId>pulsar-client-tools</artifactId><version>{version}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
+  </dependencies>
+</project>
+"""
+
 # Every repository a POM names goes to Maven Central: the release's parent POM also lists
 # Confluent's, which is neither needed nor reachable from every machine.
 _SETTINGS = """<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
@@ -121,23 +144,40 @@ def _cached(home: Path) -> Optional[List[str]]:
     return jars
 
 
-def _maven_failure(output: str, version: str) -> str:
+def _maven_failure(output: str, what: str) -> str:
     """One line out of Maven's output: the artifact that did not resolve, or the last error."""
     for pattern in (r"Could not find artifact (\S+)", r"The following artifacts could not be resolved: ([^:]+:[^:]+:[^:]+:[^:,]+)",
                     r"Could not transfer artifact (\S+)", r"Could not resolve dependencies[^:]*: (.*?)(?: -> |$)"):
         m = re.search(pattern, output)
         if m:
-            return (f"Apache Pulsar {version} does not resolve from Maven Central ({m.group(1)}): check that "
+            return (f"{what} does not resolve from Maven Central ({m.group(1)}): check that "
                     f"{MAVEN_CENTRAL} is reachable, or pick another release with PULSAR_LIFECYCLE_PULSAR_VERSION")
     errors = [ln for ln in output.splitlines() if "[ERROR]" in ln and ln.strip() != "[ERROR]"]
     last = errors[0].split("[ERROR]", 1)[1].strip()[:300] if errors else output.strip()[-300:]
-    return f"resolving Apache Pulsar {version} with Maven failed: {last}"
+    return f"resolving {what} with Maven failed: {last}"
 
 
 def resolve(version: Optional[str] = None, progress: bool = True) -> PulsarRelease:
     """The release's classpath, resolved with Maven on first use and cached for later runs."""
     version = version or pinned_version()
-    home = cache_root() / f"pulsar-{version}"
+    return _resolve_set(f"pulsar-{version}", _POM.format(version=version, log4j=LOG4J_VERSION),
+                        f"Apache Pulsar {version}", version, "about 260 MB", progress)
+
+
+def resolve_client_tools(progress: bool = True) -> PulsarRelease:
+    """`pulsar-admin`'s classpath (`org.apache.pulsar:pulsar-client-tools`), a second artifact
+    set in the cache next to the release's: run `org.apache.pulsar.admin.cli.PulsarAdminTool`
+    from it. Jackson is pinned to the one version of its BOM: a mixed resolution fails
+    `functions create --function-config-file` with a NoSuchMethodError."""
+    version = CLIENT_TOOLS_VERSION
+    return _resolve_set(f"pulsar-client-tools-{version}",
+                        _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION),
+                        f"pulsar-client-tools {version}", version, "about 60 MB", progress)
+
+
+def _resolve_set(folder: str, pom: str, what: str, version: str, size: str, progress: bool) -> PulsarRelease:
+    """One artifact set's classpath in cache_root()/folder, resolved with Maven the first time."""
+    home = cache_root() / folder
     jars = _cached(home)
     if jars:
         return PulsarRelease(version, home, jars)
@@ -149,28 +189,28 @@ def resolve(version: Optional[str] = None, progress: bool = True) -> PulsarRelea
             return PulsarRelease(version, home, jars)
         mvn = shutil.which("mvn")
         if not mvn:
-            raise PulsarSetupError(f"Apache Pulsar {version} is not in {home} yet and resolving it needs Maven: "
+            raise PulsarSetupError(f"{what} is not in {home} yet and resolving it needs Maven: "
                                    "install it (apt-get install maven) and run again")
-        (home / "pom.xml").write_text(_POM.format(version=version, log4j=LOG4J_VERSION))
+        (home / "pom.xml").write_text(pom)
         (home / "settings.xml").write_text(_SETTINGS.format(central=MAVEN_CENTRAL))
         cp_tmp = home / "classpath.txt.tmp"
         cmd = [mvn, "-B", "-q", "-s", str(home / "settings.xml"), f"-Dmaven.repo.local={home / 'm2'}",
                "dependency:build-classpath", f"-Dmdep.outputFile={cp_tmp}", "-Dmdep.includeScope=runtime"]
         if progress:
-            log.warning("event=pulsar_resolving version=%s cache=%s hint='first run on this machine: Maven "
-                        "downloads about 260 MB from Maven Central once'", version, home)
+            log.warning("event=pulsar_resolving what=%r cache=%s hint='first run on this machine: Maven "
+                        "downloads %s from Maven Central once'", what, home, size)
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=home, capture_output=True, text=True, timeout=1800)
         except subprocess.TimeoutExpired as exc:
-            raise PulsarSetupError(f"resolving Apache Pulsar {version} took over 30 minutes: "
+            raise PulsarSetupError(f"resolving {what} took over 30 minutes: "
                                    f"check the network to {MAVEN_CENTRAL}") from exc
         if proc.returncode != 0 or not cp_tmp.is_file():
             (home / "maven.log").write_text(proc.stdout + proc.stderr)
-            raise PulsarSetupError(_maven_failure(proc.stdout + proc.stderr, version))
+            raise PulsarSetupError(_maven_failure(proc.stdout + proc.stderr, what))
         jars = [p for p in cp_tmp.read_text().strip().split(os.pathsep) if p]
         os.replace(cp_tmp, home / "classpath.txt")
-        log.info("event=pulsar_resolved version=%s jars=%d seconds=%.1f cache=%s", version, len(jars),
+        log.info("event=pulsar_resolved what=%r jars=%d seconds=%.1f cache=%s", what, len(jars),
                  time.monotonic() - t0, home)
         return PulsarRelease(version, home, jars)
 
@@ -181,6 +221,9 @@ if __name__ == "__main__":  # scripts/setup.sh: resolve ahead of the first test 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
         release = resolve()
+        tools = resolve_client_tools() if "--client-tools" in sys.argv[1:] else None
     except PulsarSetupError as exc:
         sys.exit(f"Error: {exc}")
     print(f"Apache Pulsar {release.version}: {len(release.classpath)} jars in {release.home}")
+    if tools is not None:
+        print(f"pulsar-client-tools {tools.version}: {len(tools.classpath)} jars in {tools.home}")

@@ -32,7 +32,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, Any, Dict, List, Mapping, Optional
 
 from .broker import free_port, port_open
 from .pulsar_release import PulsarRelease, PulsarSetupError, java_executable, resolve
@@ -68,6 +68,50 @@ rootLogger.level = {level}
 rootLogger.appenderRef.file.ref = file
 """
 
+PROCESS_RUNTIME = "org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory"
+
+
+def functions_worker_config(*, worker_id: str, host: str, web_port: int, service_url: str, admin_url: str,
+                            state_storage_url: Optional[str], download_dir: Path, cluster: str = "standalone",
+                            python_instance: Optional[Path] = None, java_instance_jar: Optional[Path] = None,
+                            log_dir: Optional[Path] = None,
+                            liveness_check_ms: int = 30_000, extra: Optional[Mapping[str, Any]] = None) -> str:
+    """functions_worker.yml for a function worker with the process runtime (as JSON, which YAML
+    reads): `python_instance` is the `python_instance_main.py` the worker starts each Python
+    instance with (`pythonInstanceLocation`), `liveness_check_ms` how often it restarts dead
+    instances (the instances' health-check interval follows it), `extra` adds or overrides keys.
+    The process runtime refuses to start without `java_instance_jar` (javaInstanceJarLocation),
+    even when it only ever runs Python functions."""
+    factory: Dict[str, Any] = {}
+    if java_instance_jar is not None:
+        factory["javaInstanceJarLocation"] = str(java_instance_jar)
+    if python_instance is not None:
+        factory["pythonInstanceLocation"] = str(python_instance)
+    if log_dir is not None:
+        factory["logDirectory"] = str(log_dir)
+    conf: Dict[str, Any] = {
+        "workerId": worker_id, "workerHostname": host, "workerPort": web_port,
+        "pulsarServiceUrl": service_url, "pulsarWebServiceUrl": admin_url,
+        "pulsarFunctionsNamespace": "public/functions", "pulsarFunctionsCluster": cluster,
+        "downloadDirectory": str(download_dir), "numFunctionPackageReplicas": 1,
+        # The distribution's functions_worker.yml sets these; WorkerConfig has no defaults for
+        # the topic names (a worker without them fails to start on `.../public/functions/null`).
+        "functionMetadataTopicName": "metadata", "functionAssignmentTopicName": "assignments",
+        "clusterCoordinationTopicName": "coordinate", "failureCheckFreqMs": 30_000, "rescheduleTimeoutMs": 60_000,
+        "initialBrokerReconnectMaxRetries": 60, "assignmentWriteMaxRetries": 60, "topicCompactionFrequencySec": 1800,
+        "schedulerClassName": "org.apache.pulsar.functions.worker.scheduler.RoundRobinScheduler",
+        "connectorsDirectory": str(download_dir.parent / "connectors"),
+        "functionsDirectory": str(download_dir.parent / "functions"),
+        "instanceLivenessCheckFreqMs": int(liveness_check_ms),
+        "functionRuntimeFactoryClassName": PROCESS_RUNTIME,
+        "functionRuntimeFactoryConfigs": factory,
+    }
+    if state_storage_url:
+        conf["stateStorageServiceUrl"] = state_storage_url
+    conf.update(extra or {})
+    return json.dumps(conf, indent=2) + "\n"
+
+
 # Kills the JVM when its owner dies without stopping it (the owner's SIGKILL included).
 _WATCHDOG = "while kill -0 {owner} 2>/dev/null; do sleep 0.5; done; kill -9 -{pgid} 2>/dev/null"
 
@@ -78,7 +122,12 @@ class PulsarStandalone:
 
     `tracker` chooses the broker's delayed-delivery tracker ("inmemory" or "bucket"),
     `deduplication` the broker's de-duplication, `function_worker` whether the standalone runs
-    its function worker; `config` adds or overrides standalone.conf keys. `data_dir` is kept
+    its function worker (process runtime; `worker_config` adds or overrides functions_worker.yml
+    keys, see functions_worker_config; `env` replaces the JVM's environment, which the worker's
+    instances inherit: their `python3` is the first on its PATH); `config` adds or overrides
+    standalone.conf keys; `stream_storage=False` starts no table service (a worker without
+    function state: the standalone hands its worker the table service whenever it runs one).
+    `data_dir` is kept
     across restarts when given (a data dir that ran before starts on the ports it ran on, kept in
     its ports.json), otherwise a temporary directory is used and removed on stop.
     """
@@ -88,6 +137,9 @@ class PulsarStandalone:
     tick_millis: int = 1000
     deduplication: bool = False
     function_worker: bool = False
+    stream_storage: bool = True
+    worker_config: Dict[str, Any] = field(default_factory=dict)
+    env: Optional[Dict[str, str]] = None
     config: Dict[str, str] = field(default_factory=dict)
     log_level: str = "warn"
     start_timeout: float = 180.0
@@ -228,18 +280,29 @@ class PulsarStandalone:
         conf.update({k: str(v) for k, v in self.config.items()})
         return "".join(f"{k}={v}\n" for k, v in conf.items())
 
+    @property
+    def worker_log_dir(self) -> Path:
+        """Where the function worker's instances log (`<tenant>/<namespace>/<name>/<name>-<i>.log`):
+        the process runtime's logDirectory (the standalone's logs/) plus `functions`."""
+        assert self.data_dir is not None
+        return Path(self.data_dir) / "logs" / "functions"
+
     def _functions_worker_yml(self) -> str:
         assert self.data_dir is not None
-        return (
-            "workerId: standalone\nworkerHostname: 127.0.0.1\n"
-            f"workerPort: {self.ports['web']}\n"
-            f"pulsarServiceUrl: {self.service_url}\npulsarWebServiceUrl: {self.admin_url}\n"
-            "pulsarFunctionsNamespace: public/functions\npulsarFunctionsCluster: standalone\n"
-            f"stateStorageServiceUrl: {self.state_storage_url}\n"
-            f"downloadDirectory: {Path(self.data_dir) / 'functions-download'}\n"
-            "numFunctionPackageReplicas: 1\n"
-            "functionRuntimeFactoryClassName: org.apache.pulsar.functions.runtime.process.ProcessRuntimeFactory\n"
-        )
+        extra = dict(self.worker_config)
+        python_instance = extra.pop("pythonInstanceLocation", None)
+        liveness = extra.pop("instanceLivenessCheckFreqMs", 30_000)
+        assert self.release is not None
+        # Pulsar's java-instance.jar is the distribution's shaded build of this artifact; Python
+        # functions never use it, but the process runtime wants a path.
+        java_instance = next((Path(j) for j in self.release.classpath
+                              if Path(j).name.startswith("pulsar-functions-instance-")), None)
+        return functions_worker_config(
+            worker_id="standalone", host=self.host, web_port=self.ports["web"], service_url=self.service_url,
+            admin_url=self.admin_url, state_storage_url=self.state_storage_url if self.stream_storage else None,
+            download_dir=Path(self.data_dir) / "functions-download", python_instance=python_instance,
+            java_instance_jar=java_instance,
+            log_dir=self.worker_log_dir.parent, liveness_check_ms=liveness, extra=extra)
 
     # -- lifecycle ----------------------------------------------------------------------------
     def start(self) -> "PulsarStandalone":
@@ -263,6 +326,8 @@ class PulsarStandalone:
                 "--bookkeeper-port", str(self.ports["bookie"]), "--stream-storage-port", str(self.ports["stream"]),
                 "--zookeeper-dir", str(d / "zookeeper"), "--bookkeeper-dir", str(d / "bookkeeper"),
                 "--advertised-address", self.host]
+        if not self.stream_storage:
+            args.append("--no-stream-storage")
         if self.function_worker:
             fw = d / "functions_worker.yml"
             fw.write_text(self._functions_worker_yml())
@@ -274,7 +339,7 @@ class PulsarStandalone:
         cmd = [java, *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
                f"-Dpulsar.log.dir={d / 'logs'}", f"@{d / 'classpath.args'}",
                "org.apache.pulsar.PulsarStandaloneStarter", *args]
-        env = dict(os.environ, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
+        env = dict(os.environ if self.env is None else self.env, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
         self._log_file = open(d / "logs" / "stdout.log", "ab")
         t0 = time.monotonic()
         # cwd = data dir: the standalone resolves relative paths (data/, conf/) against it.
@@ -305,7 +370,8 @@ class PulsarStandalone:
             if rc is not None:
                 raise PulsarSetupError(f"Apache Pulsar exited with rc={rc} while starting: {self._failure_line()} "
                                        f"(log: {self.log_path})")
-            if port_open(self.host, self.ports["stream"]) and port_open(self.host, self.ports["bookie_http"]):
+            stream_up = port_open(self.host, self.ports["stream"]) if self.stream_storage else True
+            if stream_up and port_open(self.host, self.ports["bookie_http"]):
                 try:
                     with urllib.request.urlopen(health, timeout=5) as resp:
                         if resp.status == 200 and resp.read().strip() == b"ok":
@@ -383,4 +449,4 @@ class PulsarStandalone:
         self.stop()
 
 
-__all__ = ["PulsarStandalone", "PulsarSetupError", "TRACKERS"]
+__all__ = ["PulsarStandalone", "PulsarSetupError", "TRACKERS", "functions_worker_config"]

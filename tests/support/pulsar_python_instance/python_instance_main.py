@@ -1,5 +1,6 @@
 """A reproduction of Apache Pulsar's Python function instance, for running shipped functions the
-way a function worker runs them (support/functions_create.py starts it as the worker would).
+way a function worker runs them: the real Apache Pulsar 4.0.0 standalone's function worker starts
+it as its `pythonInstanceLocation` (support/real_worker.py builds the instance directory).
 
 Pulsar's own instance (`pulsar-functions/instance/src/main/python/`: python_instance_main.py,
 python_instance.py, contextimpl.py, state_context.py, function_stats.py) is not on PyPI or in
@@ -27,16 +28,23 @@ functions here use, written from reading it:
   `__client__`); without it a null one that drops everything. `del_counter` calls the state
   context's `delete`, which only the null one has, as in Pulsar;
 * the runtime's counters (`pulsar_function_received_total`, ...) and the user-metric Summary on
-  `--metrics_port` (prometheus_client's default registry, as the instance serves it).
+  `--metrics_port` (prometheus_client's default registry, as the instance serves it);
+* the gRPC control server on `--port` (`InstanceControl` of Pulsar's InstanceCommunication.proto:
+  GetFunctionStatus, GetMetrics, GetAndResetMetrics, ResetMetrics, HealthCheck), which the
+  worker's `functions status` and `functions stats` ask, and the self-kill of an instance that
+  has not been health-checked for 3 x `--expected_healthcheck_interval` (the worker is gone).
+  The message modules (`InstanceCommunication_pb2*.py`) are generated next to this file from the
+  .proto in the release's pulsar-functions-proto jar (support/real_worker.py).
 
-Left out: the gRPC control server and its health checks, log topics, schemas other than bytes
-plus a serde, crypto, EFFECTIVELY_ONCE, secrets providers other than clear text.
+Left out: log topics, schemas other than bytes plus a serde, crypto, EFFECTIVELY_ONCE, secrets
+providers other than clear text.
 
 Runs as a script in the worker's Python: no import of this repository's code.
 """
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib
 import json
 import logging
@@ -49,15 +57,21 @@ import sys
 import threading
 import time
 import zipfile
+from concurrent import futures
 from types import SimpleNamespace
 from typing import Any, Dict, List, Optional
 
-# The worker's modules, imported before any user code (python_instance_main does the same).
+# The worker's modules, imported before any user code (python_instance_main does the same);
+# InstanceCommunication_pb2* are generated next to this file (module docstring).
+import grpc
+import InstanceCommunication_pb2 as ic_pb2
+import InstanceCommunication_pb2_grpc as ic_grpc
 import pulsar
 from bookkeeper import admin, kv
 from bookkeeper.common.exceptions import KeyNotFoundError, NamespaceNotFoundError, StreamNotFoundError
 from bookkeeper.proto import stream_pb2
 from bookkeeper.types import StorageClientSettings
+from google.protobuf import empty_pb2
 from prometheus_client import Counter, Gauge, Summary, start_http_server
 
 Log = logging.getLogger("pulsar_python_instance")
@@ -401,6 +415,13 @@ class PythonInstance:
                                          LABEL_NAMES).labels(*self.metrics_labels)
         self.last_invocation = Gauge("pulsar_function_last_invocation", "Last invocation",
                                      LABEL_NAMES).labels(*self.metrics_labels)
+        self.latency = Summary("pulsar_function_process_latency_ms", "Process latency in milliseconds",
+                               LABEL_NAMES).labels(*self.metrics_labels)
+        # What the control server reports (function_stats.Stats): totals since start or the last reset.
+        self.stats_lock = threading.Lock()
+        self.totals = collections.Counter()  # type: collections.Counter[str]
+        self.latest_user_exceptions: "collections.deque[Any]" = collections.deque(maxlen=10)
+        self.last_invocation_ms = 0
 
     def run(self) -> None:
         d = self.details
@@ -456,6 +477,10 @@ class PythonInstance:
             message, topic, serde, consumer = item
             self.received.inc()
             self.last_invocation.set(time.time())
+            started = time.time()
+            with self.stats_lock:
+                self.totals["received"] += 1
+                self.last_invocation_ms = int(started * 1000)
             try:
                 value = serde.deserialize(message.data())
                 self.context.set_current_message_context(message, topic)
@@ -463,11 +488,19 @@ class PythonInstance:
                     output = self.function.process(value)
                 else:
                     output = self.function.process(value, self.context)
-            except Exception:
+            except Exception as exc:
                 Log.exception("Exception while executing user method")
                 self.user_exceptions.inc()
+                with self.stats_lock:
+                    self.totals["user_exceptions"] += 1
+                    self.latest_user_exceptions.append((repr(exc), int(time.time() * 1000)))
                 consumer.negative_acknowledge(message)
                 continue
+            elapsed_ms = (time.time() - started) * 1000
+            self.latency.observe(elapsed_ms)
+            with self.stats_lock:
+                self.totals["processed"] += 1
+                self.totals["latency_ms"] += int(elapsed_ms)
             self._result(output, message, consumer)
             self.processed.inc()
 
@@ -484,6 +517,8 @@ class PythonInstance:
             def done(result: Any, _msg_id: Any) -> None:
                 if result != pulsar.Result.Ok:
                     self.system_exceptions.inc()
+                    with self.stats_lock:
+                        self.totals["system_exceptions"] += 1
                     consumer.negative_acknowledge(message)
                 elif self.atleast_once and self.auto_ack:
                     consumer.acknowledge(message)
@@ -502,6 +537,84 @@ class PythonInstance:
         self.client.close()
 
 
+class InstanceControl(ic_grpc.InstanceControlServicer):
+    """The gRPC control server the worker asks for status, metrics and health (server.py)."""
+
+    def __init__(self, instance: PythonInstance) -> None:
+        self.instance = instance
+        self.last_health_check = time.time()
+
+    def GetFunctionStatus(self, request: Any, context: Any) -> Any:
+        i = self.instance
+        with i.stats_lock:
+            t = dict(i.totals)
+            latest = list(i.latest_user_exceptions)
+            last = i.last_invocation_ms
+        done = t.get("processed", 0)
+        return ic_pb2.FunctionStatus(
+            running=True, numReceived=t.get("received", 0), numSuccessfullyProcessed=done,
+            numUserExceptions=t.get("user_exceptions", 0), numSystemExceptions=t.get("system_exceptions", 0),
+            latestUserExceptions=[ic_pb2.FunctionStatus.ExceptionInformation(exceptionString=e, msSinceEpoch=at)
+                                  for e, at in latest],
+            averageLatency=(t.get("latency_ms", 0) / done) if done else 0.0,
+            lastInvocationTime=last, instanceId=str(i.args.instance_id))
+
+    def _metrics(self, reset: bool) -> Any:
+        i = self.instance
+        with i.stats_lock:
+            t = dict(i.totals)
+            last = i.last_invocation_ms
+            if reset:
+                i.totals.clear()
+        done = t.get("processed", 0)
+        user: Dict[str, float] = {}
+        context = getattr(i, "context", None)
+        for name, child in (context.user_metrics_map.items() if context is not None else []):
+            user[f"user_metric_{name}_sum"] = child._sum.get()
+            user[f"user_metric_{name}_count"] = child._count.get()
+        return ic_pb2.MetricsData(
+            receivedTotal=t.get("received", 0), processedSuccessfullyTotal=done,
+            systemExceptionsTotal=t.get("system_exceptions", 0), userExceptionsTotal=t.get("user_exceptions", 0),
+            avgProcessLatency=(t.get("latency_ms", 0) / done) if done else 0.0, lastInvocation=last,
+            userMetrics=user)
+
+    def GetMetrics(self, request: Any, context: Any) -> Any:
+        return self._metrics(reset=False)
+
+    def GetAndResetMetrics(self, request: Any, context: Any) -> Any:
+        return self._metrics(reset=True)
+
+    def ResetMetrics(self, request: Any, context: Any) -> Any:
+        self._metrics(reset=True)
+        return empty_pb2.Empty()
+
+    def HealthCheck(self, request: Any, context: Any) -> Any:
+        self.last_health_check = time.time()
+        return ic_pb2.HealthCheckResult(success=True)
+
+
+def _serve_control(instance: PythonInstance, port: int, interval_s: int) -> InstanceControl:
+    """Start the control server; with a health-check interval, a thread that kills this process
+    when the worker has not checked for 3 intervals (python_instance_main's check)."""
+    control = InstanceControl(instance)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    ic_grpc.add_InstanceControlServicer_to_server(control, server)
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    instance.control_server = server
+
+    def check_health() -> None:
+        while True:
+            time.sleep(interval_s)
+            if time.time() - control.last_health_check > interval_s * 3:
+                Log.critical("Haven't received health check from spawner in a while. Stopping instance...")
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    if interval_s > 0:
+        threading.Thread(target=check_health, name="health-check", daemon=True).start()
+    return control
+
+
 def main() -> None:
     for signo in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signo, _on_signal)
@@ -517,7 +630,7 @@ def main() -> None:
     parser.add_argument("--port", required=True, type=int)
     parser.add_argument("--metrics_port", required=True, type=int)
     parser.add_argument("--expected_healthcheck_interval", required=True, type=int)
-    args = parser.parse_args()
+    args, unknown = parser.parse_known_args()
     details = _details(args.function_details)
     if os.path.splitext(args.py)[1] == ".zip":
         _install_zip(args.py)
@@ -528,10 +641,13 @@ def main() -> None:
     logging.basicConfig(filename=log_file, level=logging.INFO,
                         format="[%(asctime)s] [%(levelname)s] %(filename)s: %(message)s")
     Log.info("Starting Python instance with %s", args)
+    if unknown:
+        Log.warning("arguments this reproduction does not use: %s", unknown)
     client = pulsar.Client(args.pulsar_serviceurl, operation_timeout_seconds=30, io_threads=1,
                            message_listener_threads=1, concurrent_lookup_requests=50000)
     instance = PythonInstance(args, details, client)
     instance.run()
+    _serve_control(instance, args.port, args.expected_healthcheck_interval)
     start_http_server(args.metrics_port, addr="127.0.0.1")
     Log.info("event=instance_running metrics_port=%d", args.metrics_port)
     while _running:
