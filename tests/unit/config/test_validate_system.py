@@ -224,3 +224,30 @@ def test_inspect_syncer_says_whether_producers_park_on_its_topic_by_default() ->
     assert "(DelayLevelProducer's default)" in head("persistent://public/default/delay-level")
     assert "not DelayLevelProducer's default persistent://public/default/delay-level: only producers that name it" \
         in head(f"{NS}/orders-delay-level")
+
+
+def test_the_worker_and_writer_say_where_their_delays_go() -> None:
+    from pulsar_lifecycle.function_registry import topology_of
+
+    inputs = [f"persistent://acme/system/__ledger_deletion{r}-partition-{k}" for r in ("", "-RETRY") for k in range(2)]
+    worker = topology_of({"className": "ledger_deletion_worker.LedgerDeletionWorker", "inputs": inputs,
+                          "userConfig": {"deletionTopicScope": "tenant", "ledgerDeletionParallelism": 2,
+                                         "delayBackend": "broker"}}, "w.yaml")
+    # tenant scope: the tenant the inputs name; the broker backend: sent directly, not via a writer
+    assert {(w.what.split(" ")[0], w.topic, w.via, w.kind) for w in worker.writes} == {
+        ("retries", "persistent://acme/system/__ledger_deletion-RETRY-partition-0", "", "internal"),
+        ("retries", "persistent://acme/system/__ledger_deletion-RETRY-partition-1", "", "internal"),
+        ("phase", "persistent://acme/system/__ledger_deletion-partition-0", "", "internal"),
+        ("phase", "persistent://acme/system/__ledger_deletion-partition-1", "", "internal"),
+        ("dead", "persistent://acme/system/__ledger_deletion-DLQ", "", FOR_OPERATORS)}
+    assert system_problems([worker]) == []
+    writer = topology_of({"className": "bucket_snapshot_writer.BucketSnapshotWriter", "output": f"{NS}/out",
+                          "inputs": [f"{NS}/ticks", SCHED],
+                          "userConfig": {"schedulingTopic": SCHED, "tickTopic": f"{NS}/ticks",
+                                         "snapshotDeletion": "two-phase", "snapshotDeletionParallelism": 1}},
+                         "wr.yaml")
+    assert writer.schedules == (Scheduling(SCHED, ("persistent://pulsar/system/__ledger_deletion",)),)
+    # its snapshot deletion requests go through itself to a deletion topic no config of this set reads
+    assert system_problems([writer]) == [
+        "wr.yaml: public/default/BucketSnapshotWriter: its two-phase snapshot deletion requests to "
+        "persistent://pulsar/system/__ledger_deletion-partition-0 go to a topic no config of the set reads"]
