@@ -45,7 +45,7 @@ def kind_of(broker: Any) -> str:
 # client paths on pulsar-lite only, so that the suite stays under 30 minutes on 2 cores;
 # TEST_PULSAR_ALL=1 runs them on real Pulsar too.
 PULSAR_SUITE = frozenset({
-    "test_broker_quirks", "test_bucket_writer", "test_bucket_writer_clock", "test_dedup_publisher",
+    "test_broker_quirks", "test_bucket_writer", "test_bucket_writer_clock", "test_cancel_outcome", "test_dedup_publisher",
     "test_delay_level_function", "test_delay_level_syncer", "test_deletion_cli", "test_deletion_real_pulsar",
     "test_deletion_worker", "test_demo", "test_deploy_example", "test_index_identity", "test_localrun",
     "test_snapshot_two_phase_deletion", "test_table_service_real_pulsar", "test_writer_paced_start",
