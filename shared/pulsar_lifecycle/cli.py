@@ -210,7 +210,7 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
                    "accepts its target, no two share a name, and the delay-level topics producers use have a syncer.")
 @click.option("--delay-level-topic", "delay_level_topics", multiple=True,
               help="With --system: a delay-level topic your producers park on, which needs a syncer in the set "
-                   "(repeatable; DelayLevelProducer's default is always checked).")
+                   "(repeatable; DelayLevelProducer's default is checked in every set with a syncer).")
 @click.argument("files", nargs=-1, required=True, type=click.Path())
 def validate(target: str, system: bool, delay_level_topics: Tuple[str, ...], files: Tuple[str, ...]) -> None:
     """Check function-config YAMLs for where they will run (exit 1 on problems): by default as
@@ -248,9 +248,8 @@ def _system_dead_ends(files: Tuple[str, ...], delay_level_topics: Tuple[str, ...
     from .delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
     from .function_registry import topology_of
 
-    parked = [(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")]
-    parked += [(check_topic("--delay-level-topic", t), "--delay-level-topic") for t in delay_level_topics]
-    return system_check(list(files), topology_of, parked)
+    parked = [(check_topic("--delay-level-topic", t), "--delay-level-topic") for t in delay_level_topics]
+    return system_check(list(files), topology_of, parked, [(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")])
 
 
 @main.command()

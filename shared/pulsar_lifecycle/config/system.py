@@ -12,8 +12,9 @@ this module only compares them, with no Pulsar I/O, and reports one line per dea
 * a message delayed through a scheduling topic no writer of the set reads, or whose target is
   outside that writer's allowedTargetPrefix (the writer would refuse it to its -INVALID topic);
 * two configs with one function name (`tenant/namespace/name`);
-* a delay-level topic that producers park on (given by the caller: DelayLevelProducer's
-  default, for one) or a config writes, which no syncer of the set serves.
+* a delay-level topic that producers park on (given by the caller) with no syncer of the set
+  serving it; DelayLevelProducer's default is checked only in a set with a syncer (a set
+  without one does not use delay-level topics).
 """
 from __future__ import annotations
 
@@ -130,11 +131,13 @@ def _topics_text(topics: Sequence[str]) -> str:
     return shown[0] + (f" (and {len(shown) - 1} more)" if len(shown) > 1 else "")
 
 
-def system_problems(functions: Sequence[FunctionTopology], parked_on: Iterable[Tuple[str, str]] = ()) -> List[str]:
+def system_problems(functions: Sequence[FunctionTopology], parked_on: Iterable[Tuple[str, str]] = (),
+                    default_parked_on: Iterable[Tuple[str, str]] = ()) -> List[str]:
     """One line per dead end of the set `functions` (see the module docstring), in a stable order.
 
-    `parked_on`: (delay-level topic, who parks there) pairs from outside the configs, e.g.
-    DelayLevelProducer's default topic; each needs a syncer in the set.
+    `parked_on`: (delay-level topic, who parks there) pairs from outside the configs; each needs a
+    syncer in the set. `default_parked_on`: the same, checked only when the set has a syncer
+    (DelayLevelProducer's default topic).
     """
     problems: List[str] = []
     by_name: Dict[str, List[str]] = defaultdict(list)
@@ -171,7 +174,7 @@ def system_problems(functions: Sequence[FunctionTopology], parked_on: Iterable[T
         to = f" to {_topics_text([t for t in targets if t])}" if any(targets) else ""
         problems.append(f"{source}: {fqfn}: its {what}{to} {text}")
     synced = {t for f in functions for t in f.syncs}
-    for topic, who in dict.fromkeys(parked_on):
+    for topic, who in dict.fromkeys([*parked_on, *(default_parked_on if synced else ())]):
         if normalize(topic) not in synced:
             serving = sorted(synced)
             problems.append(f"delay-level topic {topic} ({who}) has no DelayLevelSyncer in the set: parked messages "

@@ -620,12 +620,14 @@ def system_check(
     paths: Iterable[Union[str, Path]],
     topology_of: Callable[[Mapping[str, Any], str], FunctionTopology],
     parked_on: Sequence[Tuple[str, str]] = (),
+    default_parked_on: Sequence[Tuple[str, str]] = (),
 ) -> List[str]:
     """`validate --system`: do the configs the paths name join up as one system? One line per
     dead end (config/system.py); a file that cannot be read or analysed is one line too.
 
     `topology_of(config, file name)` describes a config (function_registry.topology_of);
-    `parked_on` names delay-level topics producers use, each of which needs a syncer in the set.
+    `parked_on` names delay-level topics producers use, each of which needs a syncer in the set;
+    `default_parked_on` too, but only in a set with a syncer (DelayLevelProducer's default).
     """
     functions: List[FunctionTopology] = []
     problems: List[str] = []
@@ -642,4 +644,4 @@ def system_check(
             problems.append(str(exc))
         except (ValueError, TypeError) as exc:  # the per-file checks name the key; here: what is not analysed
             problems.append(f"{f}: cannot tell what it reads and writes: {exc}")
-    return problems + system_problems(functions, parked_on)
+    return problems + system_problems(functions, parked_on, default_parked_on)

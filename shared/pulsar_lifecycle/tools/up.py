@@ -79,7 +79,7 @@ def _dead_ends(configs: Sequence[Tuple[Path, Dict[str, Any]]]) -> List[str]:
     except (ValueError, TypeError):
         return []  # a config the functions refuse: its own start reports it
     return [f"dead end: {line}" for line in
-            system_problems(functions, [(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")])]
+            system_problems(functions, default_parked_on=[(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")])]
 
 
 def plan_functions(files: Sequence[Path], embedded: bool) -> Tuple[List[FunctionPlan], List[str]]:

@@ -251,3 +251,11 @@ def test_the_worker_and_writer_say_where_their_delays_go() -> None:
     assert system_problems([writer]) == [
         "wr.yaml: public/default/BucketSnapshotWriter: its two-phase snapshot deletion requests to "
         "persistent://pulsar/system/__ledger_deletion-partition-0 go to a topic no config of the set reads"]
+
+
+def test_the_default_delay_level_topic_is_checked_only_in_a_set_with_a_syncer() -> None:
+    default = [("persistent://public/default/delay-level", "DelayLevelProducer's default")]
+    assert system_problems([_writer()], default_parked_on=default) == []
+    syncer = FunctionTopology("s.yaml", "public/default/s", (f"{NS}/dl",), (), syncs=(f"{NS}/dl",))
+    assert len(system_problems([_writer(), syncer], default_parked_on=default)) == 1
+    assert len(system_problems([_writer()], parked_on=default)) == 1  # named explicitly: always
