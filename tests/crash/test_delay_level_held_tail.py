@@ -32,7 +32,7 @@ from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from support.crash_runs import sigkill
 from support.helpers import receive_payloads, shipped_writer_spec
 
-pytestmark = [pytest.mark.integration, pytest.mark.timing]
+pytestmark = pytest.mark.integration
 
 UNIT_S = 1
 PARTITIONS = 20  # messageMaximumDelayTimeSeconds / unit
@@ -82,6 +82,7 @@ def start_syncer(url: str, dl: str, sched: str, tmp_path: Path) -> Tuple[subproc
     return proc, now_ms()
 
 
+@pytest.mark.timing
 def test_syncer_killed_twice_holding_partition_tails_forwards_them_within_the_bound(broker, tmp_path, unique):
     spec, sched = shipped_writer_spec(unique[-12:], "dlht", snapshotDir=str(tmp_path / "snapshots"))  # tick 200 ms
     business = spec.output
@@ -197,3 +198,57 @@ def read_forwards(tap: pulsar.Consumer) -> Dict[bytes, List[int]]:
             seen.add((mid.ledger_id(), mid.entry_id(), mid.batch_index()))
             out.setdefault(m.data(), []).append(m.publish_timestamp())
     return out
+
+
+def test_a_tail_another_consumer_holds_is_read_forwarded_once_and_left_acked(broker, tmp_path, unique):
+    # The same case without a kill, on both brokers: another consumer of the subscription holds a
+    # partition's last messages (all of them here) and neither acks nor hands them over while it
+    # lives. The syncer reads them at its idle partition's first stall check and forwards each
+    # once; when the holder goes, a copy the broker hands to the syncer is acked as handled, and
+    # the subscription is left with nothing unacked.
+    from pulsar_lifecycle.delaylevel.config import parse_syncer_config
+    from pulsar_lifecycle.delaylevel.rule import partition_topic
+    from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
+    from pulsar_lifecycle.state.directory import DirectoryStateStore
+
+    n = 150
+    business, sched = f"persistent://public/default/dlhh-biz-{unique}", f"persistent://public/default/dlhh-sched-{unique}"
+    client = quiet_client(broker.service_url)
+    producer = DelayLevelProducer(client, business, DelayedProducer(client, scheduling_topic=sched),
+                                  strategy=DelayLevelTopicPartitionStrategy(20, PartitionBy.SECONDS, unit_seconds=2),
+                                  delay_level_topic=f"{business}-delay-level", max_pending_messages=5000)
+    watch = client.subscribe(sched, "watch", consumer_type=pulsar.ConsumerType.Shared,
+                             initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
+    part = partition_topic(producer.delay_level_topic, 1)
+    holder = client.subscribe(part, "syncer", consumer_type=pulsar.ConsumerType.Shared,
+                              initial_position=pulsar.InitialPosition.Earliest, receiver_queue_size=1000)
+    service = None
+    try:
+        for i in range(n):  # partition 1: forwarded 3 s after sending (unit 2 s, lookahead 1 s)
+            producer.send_async(f"m{i}".encode(), lambda res, _mid: None, delay_ms=4500)
+        producer.flush()
+        holder.receive(timeout_millis=5000)  # it prefetched them all and holds them
+        cfg = parse_syncer_config({"delayLevelTopic": producer.delay_level_topic, "schedulingTopic": sched,
+                                   "partitionBy": "SECONDS", "unitSeconds": 2, "messageMaximumDelayTimeSeconds": 20,
+                                   "lookaheadMillis": 1000, "partitionDiscoverySeconds": 0})
+        service = DelayLevelSyncerService(cfg, client, subscription="syncer", producer_prefix="dlhh",
+                                          state=DirectoryStateStore(tmp_path / "state", "public", "default", "s"),
+                                          record_metric=lambda _n, _v: None).start()
+        got = receive_payloads(watch, n, timeout=20)
+        holder.close()  # what the broker did not take as acked goes back: copies of handled positions
+        got += receive_payloads(watch, 1, timeout=3)  # a copy forwarded again would come here
+        copies = next(f for f in service.forwarders if f.k == 1).stats.duplicates
+        service.stop()
+        service = None
+        # Nothing left unacked: a new consumer of the subscription gets nothing.
+        check = client.subscribe(part, "syncer", consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=10)
+        left = receive_payloads(check, 1, timeout=2)
+        check.close()
+    finally:
+        if service is not None:
+            service.stop()
+        producer.close()
+        client.close()
+    print(f"\ntail held by a live consumer: {len(got)} forwards of {n}, {copies} copies handed back and acked")
+    assert sorted(got) == sorted(f"m{i}" for i in range(n)), f"{len(got)} forwards of {n} ({len(set(got))} distinct)"
+    assert left == [], f"left unacked on the subscription: {left}"

@@ -81,8 +81,9 @@ Probe = Callable[[Optional[Pos]], Optional[Pos]]
 # order, with a Reader of its own (Pulsar I/O, in the service).
 GapReader = Callable[[Optional[Pos], Pos], List[pulsar.Message]]
 # Reads the partition's messages after a position (None: from the start) up to its end, in order,
-# at most a given number, with a Reader of its own (Pulsar I/O, in the service).
-TailReader = Callable[[Optional[Pos], int], List[pulsar.Message]]
+# at most a given number, with a Reader of its own (Pulsar I/O, in the service); True when they
+# reach the end (not stopped by the number or a Reader that gave nothing for a while).
+TailReader = Callable[[Optional[Pos], int], Tuple[List[pulsar.Message], bool]]
 
 
 @dataclass(frozen=True)
@@ -500,7 +501,7 @@ class PartitionForwarder:
             return
         started = time.monotonic()
         frontier = gate.frontier
-        found = read(frontier, gate.cap)
+        found, complete = read(frontier, gate.cap)
         admitted = 0
         for m in gate.admit_read([(position_of(msg.message_id(), with_size=True), msg) for msg in found]):
             self._hold(m)
@@ -512,14 +513,15 @@ class PartitionForwarder:
                      self.topic, frontier, time.monotonic() - started)
             return
         if self._watchdog is not None:
-            last = found[-1].message_id()
-            self._watchdog.seen(last.ledger_id(), last.entry_id())
+            if complete:  # else the watchdog still sees the end beyond what was read, and reads again
+                last = found[-1].message_id()
+                self._watchdog.seen(last.ledger_id(), last.entry_id())
             self._watchdog.flowing()  # a dead consumer may be dealt more: look again at the next idle receive
         log.warning("event=delay_level_partition_tail_read partition=%s frontier=%s read=%d admitted=%d more=%s "
-                    "seconds=%.2f reason='the partition's last messages are held by another consumer of the "
+                    "complete=%s seconds=%.2f reason='the partition's last messages are held by another consumer of the "
                     "subscription that does not hand them over (pulsar-lite keeps a reset connection's consumers); "
                     "read with a Reader'", self.topic, frontier, len(found), admitted, str(self._tail_more).lower(),
-                    time.monotonic() - started)
+                    str(complete).lower(), time.monotonic() - started)
 
     # -- one batch -------------------------------------------------------------------------
 

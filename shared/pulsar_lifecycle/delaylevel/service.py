@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import pulsar
 
@@ -363,24 +363,35 @@ class DelayLevelSyncerService:
             reader.close()
         return found
 
-    def _read_to_end(self, topic: str, after: Optional[Pos], limit: int) -> List[pulsar.Message]:
-        """`topic`'s messages after `after` (None: from its first) up to its end, in order, read
-        by a Reader of its own: at most `limit`; stops at the end the broker reports, or after
-        PROBE_TIMEOUT_MS without a message. The forwarders' tail read (forwarder.py `_read_tail`)."""
+    def _read_to_end(self, topic: str, after: Optional[Pos], limit: int) -> Tuple[List[pulsar.Message], bool]:
+        """(`topic`'s messages after `after` (None: from its first), in order, read by a Reader of
+        its own; True when they reach the end the broker reports, whole batch entries included).
+        At most `limit`; stops early after PROBE_TIMEOUT_MS without a message. The forwarders'
+        tail read (forwarder.py `_read_tail`)."""
         reader = reader_at(self.client, topic, None if after is None else (after.ledger, after.entry))
         found: List[pulsar.Message] = []
+        rest = 0  # messages of the last read batch entry still to come
+        complete = False
         try:
             for _ in range(limit + PROBE_MAX_READS):  # the rest of the frontier's batch comes first
-                if len(found) >= limit or not has_more(reader):
+                # The broker's last message id names an entry, not a batch index: once the Reader
+                # is in the last entry it reports nothing more, so the rest of that entry's batch
+                # is read by its size (in the message id).
+                if len(found) >= limit:
+                    break
+                if rest <= 0 and not has_more(reader):
+                    complete = True
                     break
                 msg = reader.read_next(PROBE_TIMEOUT_MS)
-                if after is None or position_of(msg.message_id()).key > after.key:
+                pos = position_of(msg.message_id(), with_size=True)
+                rest = pos.size - 1 - pos.batch
+                if after is None or pos.key > after.key:
                     found.append(msg)
         except pulsar.Timeout:
             pass
         finally:
             close_quietly(reader, topic)
-        return found
+        return found, complete
 
     # -- the forward trail (cancels after the forward) ---------------------------------------
 
