@@ -54,11 +54,10 @@ def test_localrun_against_a_broker_that_never_answers(tmp_path, silent_broker):
 
 def test_client_log_lines_go_to_the_log_file_not_the_console(broker, tmp_path, unique):
     """Runs that make pulsar-client log (on pulsar-lite the last-message-id probe of an empty
-    topic, which `inspect deletion` counts, logs a WARN and an ERROR): the console has none of it,
-    the command's log file has it."""
-    worker = str(REPO / "function-configs" / "ledger-deletion-worker.yaml")
-    res = run_cli("inspect", "deletion", "--function-config-file", worker, "--service-url", broker.service_url,
-                  "--limit", "10", tmp_path=tmp_path)
+    topic logs a WARN and an ERROR): the console has none of it, the command's log file has it."""
+    syncer = str(REPO / "function-configs" / "delay-level-syncer.yaml")
+    res = run_cli("inspect", "syncer", "--function-config-file", syncer, "--service-url", broker.service_url,
+                  "--data-dir", str(tmp_path / "none"), "--limit", "10", tmp_path=tmp_path)
     assert res.returncode == 0, res.stderr[-2000:]
     assert_no_client_log_lines(res)
     log = tmp_path / "cache" / "logs" / "pulsar-client.log"

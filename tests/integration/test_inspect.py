@@ -237,7 +237,7 @@ def test_inspect_syncer_and_deletion_errors_are_one_line_before_connecting(tmp_p
     assert_one_line_error(run_cli("inspect", "syncer", "--function-config-file", str(writer), "--service-url", dead,
                                   tmp_path=tmp_path), "not a DelayLevelSyncer config")
     assert_one_line_error(run_cli("inspect", "deletion", "--service-url", dead, "--connect-timeout", "1",
-                                  tmp_path=tmp_path, cwd=REPO), dead, "no broker reachable")
+                                  tmp_path=tmp_path, cwd=REPO), dead, "refused the connection")
     res = run_cli("inspect", "deletion", "--service-url", silent_broker.url, "--connect-timeout", "2",
                   tmp_path=tmp_path, cwd=REPO)
     assert_one_line_error(res, silent_broker.url, "did not answer")

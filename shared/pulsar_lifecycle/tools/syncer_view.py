@@ -172,7 +172,8 @@ def syncer_config(spec: Any) -> SyncerConfig:
 
 
 def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore], *, admin_url: Optional[str] = None,
-                   count_limit: int = 100_000, timeout_s: float = 60.0, empty_wait_s: float = EMPTY_WAIT_S) -> SyncerReport:
+                   count_limit: int = 100_000, timeout_s: float = 60.0,
+                   empty_wait_s: Optional[float] = EMPTY_WAIT_S) -> SyncerReport:
     """Read what the DelayLevelSyncer `spec` (a FunctionSpec) still holds; see the module docstring.
 
     Args:
@@ -184,7 +185,9 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
         timeout_s: bound of each read (the tail replay and each partition).
         empty_wait_s: how long a topic that delivers no message to a Reader counts as empty;
             only topics that hold a message are counted and asked for their end (see
-            readers.holding_messages: an idle syncer's look logs no client error).
+            readers.holding_messages: the status view's look at an idle syncer logs no client
+            error; a partition whose first message is slower than this counts 0 for one look).
+            None: every partition is counted and asked for its end (exact; `inspect syncer`).
     """
     fqfn = f"{spec.tenant}/{spec.namespace}/{spec.name}"
     cfg = syncer_config(spec)
@@ -195,8 +198,8 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
     store = ContextStateStore(StateReader(state), prefix=STATE_PREFIX) if state is not None else None
     n = _partition_count(cfg, store)
     report = SyncerReport(fqfn, normalize_topic(cfg.delay_level_topic), sub, near, unit_ms, cfg.lookahead_millis)
-    topics = [partition_topic(report.delay_level_topic, k) for k in range(n)]
-    holding = holding_messages(client, topics + ([near] if near is not None else []), empty_wait_s)
+    topics = [partition_topic(report.delay_level_topic, k) for k in range(n)] + ([near] if near is not None else [])
+    holding = set(topics) if empty_wait_s is None else holding_messages(client, topics, empty_wait_s)
     watermarks: Dict[int, int] = {}
     if near is not None:  # its tail is read only when it holds messages
         watermarks = forwarded_watermarks(client, store, near, {k: f"{prefix}-p{k}" for k in range(n)}, timeout_s,
