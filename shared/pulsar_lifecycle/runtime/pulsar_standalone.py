@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Dict, List, Mapping, Optional
 
+from ..local_paths import absolute
 from .broker import free_port, port_open
 from .pulsar_release import PulsarRelease, PulsarSetupError, java_executable, resolve
 
@@ -316,7 +317,9 @@ class PulsarStandalone:
         if self.data_dir is None:
             self._tmp = tempfile.mkdtemp(prefix="pulsar-lifecycle-pulsar-")
             self.data_dir = Path(self._tmp)
-        d = Path(self.data_dir)
+        # Absolute: the JVM runs with the data dir as working directory, where a relative path
+        # written into its configuration would name a directory nested inside it.
+        self.data_dir = d = absolute(self.data_dir)
         (d / "logs").mkdir(parents=True, exist_ok=True)
         (d / "ports.json").write_text(json.dumps(self.ports))
         conf = d / "standalone.conf"
