@@ -15,25 +15,35 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import re
-import shlex
 import subprocess
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Set, Tuple
 
 import pulsar
 import pytest
+import requests
 import yaml
 
 from pulsar_lifecycle.bucket.storage import bookkeeper_snapshot_storage
 from pulsar_lifecycle.config.function_config import load_function_config
+from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
+from pulsar_lifecycle.delaylevel.strategy import DelayLevelTopicPartitionStrategy, PartitionBy
+from pulsar_lifecycle.deletion.admin import PulsarAdminClient
+from pulsar_lifecycle.deletion.model import TopicRef
+from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient
 from pulsar_lifecycle.packaging.zip_builder import build_wheel
 from pulsar_lifecycle.state.bk_table import BookKeeperStateStore
+from pulsar_lifecycle.timing import DelayedProducer
 from support.docs_blocks import doc_blocks
+from support.helpers import publish_all, wait_for
 from support.paths import REPO
 from support.real_worker import PulsarAdmin, RealWorker, skip_unless_real_pulsar, start_worker_standalone
+from support.zookeeper import ZooKeeperClient, ledger_znode
 
 OPERATIONS = REPO / "docs" / "operations.md"
 DEPLOY_HEADING = "## Deploying on a Pulsar cluster"
@@ -44,12 +54,16 @@ WORKER_REASON = "Pulsar's function worker and table service run on the real stan
 pytestmark = [pytest.mark.pulsar_only(WORKER_REASON), pytest.mark.xdist_group("real-worker-deploy")]
 
 
-def deploy_commands() -> List[str]:
-    """The commands of the docs' deploy example, continuation lines joined."""
+def deploy_block() -> str:
+    """The docs' deploy example, as a shell runs it."""
     text = OPERATIONS.read_text()
     heading_line = text[:text.index(DEPLOY_HEADING)].count("\n") + 1
-    block = next(b for b in doc_blocks("bash", [OPERATIONS]) if b.line > heading_line)
-    return [c.strip() for c in block.text.replace("\\\n", " ").splitlines() if c.strip()]
+    return next(b for b in doc_blocks("bash", [OPERATIONS]) if b.line > heading_line).text
+
+
+def deploy_commands() -> List[str]:
+    """The commands of the docs' deploy example, continuation lines joined."""
+    return [c.strip() for c in deploy_block().replace("\\\n", " ").splitlines() if c.strip()]
 
 
 def documented_user_metric_series() -> List[str]:
@@ -141,30 +155,46 @@ def _index_on_the_table_service(state_url: str, fqfn: str) -> Tuple[str, str]:
                 close()
 
 
-@pytest.mark.timeout(1200)
-def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, tmp_path: Path) -> None:
-    project = _checkout(tmp_path)
-    admin = real_worker.admin
-    deployed: Dict[str, str] = {}  # config file name -> fqfn
-    commands = deploy_commands()
-    assert any(c.startswith("pulsar-admin functions create") for c in commands), commands
-    for command in commands:
-        if command.startswith("pulsar-admin functions create "):
-            args = shlex.split(command)
-            config = project / _argument(args, "--function-config-file")
-            assert admin.create(project / _argument(args, "--py"), config) == "Created successfully"
-            cfg = load_function_config(config)
-            deployed[config.name] = f"{cfg['tenant']}/{cfg['namespace']}/{cfg['name']}"
-        elif command.startswith(".venv/bin/pulsar-lifecycle "):
-            res = subprocess.run(["bash", "-c", command], cwd=project, capture_output=True, text=True, timeout=900)
-            assert res.returncode == 0, f"{command}\n{res.stdout[-2000:]}\n{res.stderr[-4000:]}"
-        else:
-            pytest.fail(f"the deploy example has a step this test cannot run: {command}")
+@dataclass
+class Deployed:
+    """The shipped set, deployed by the docs' example: config file name -> fqfn."""
 
-    writer = deployed["bucket-snapshot-writer.yaml"]
-    for config_name, fqfn in deployed.items():  # the deletion worker's instances too
-        parallelism = int(load_function_config(project / "function-configs" / config_name)["parallelism"])
-        admin.wait_running(fqfn, parallelism, timeout_s=300)
+    project: Path
+    functions: Dict[str, str]
+    output: str
+
+
+@pytest.fixture(scope="module")
+def deployed(real_worker: RealWorker, tmp_path_factory: pytest.TempPathFactory) -> Deployed:
+    """The docs' deploy example run by bash as written, in a copy of the repository layout, with
+    `pulsar-admin` the real CLI against the module's worker; every function's instances running.
+    The module's last test deletes them (`functions delete`)."""
+    tmp = tmp_path_factory.mktemp("deploy")
+    project = _checkout(tmp)
+    commands = deploy_commands()
+    assert any("pulsar-admin functions create" in c for c in commands), commands
+    unknown = [c for c in commands if not c.startswith((".venv/bin/pulsar-lifecycle ", "pulsar-admin ", "for ", "done"))]
+    assert not unknown, f"the deploy example has steps this test cannot run: {unknown}"
+    real_worker.admin.write_shim(tmp / "bin")
+    env = dict(os.environ, PATH=os.pathsep.join([str(tmp / "bin"), os.environ.get("PATH", "")]))
+    res = subprocess.run(["bash", "-e", "-c", deploy_block()], cwd=project, env=env, capture_output=True, text=True,
+                         timeout=1200)
+    assert res.returncode == 0, f"{res.stdout[-3000:]}\n{res.stderr[-4000:]}"
+    assert res.stdout.count("Created successfully") == len(list((project / "function-configs").glob("*.yaml"))), res.stdout
+    functions = {}
+    for config in sorted((project / "function-configs").glob("*.yaml")):
+        cfg = load_function_config(config)
+        functions[config.name] = fqfn = f"{cfg['tenant']}/{cfg['namespace']}/{cfg['name']}"
+        real_worker.admin.wait_running(fqfn, int(cfg.get("parallelism") or 1), timeout_s=420)
+    output = load_function_config(project / "function-configs" / "bucket-snapshot-writer.yaml")["output"]
+    return Deployed(project, functions, output)
+
+
+@pytest.mark.timeout(1200)
+def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, deployed: Deployed) -> None:
+    admin = real_worker.admin
+    project = deployed.project
+    writer = deployed.functions["bucket-snapshot-writer.yaml"]
     cfg = load_function_config(project / "function-configs" / "bucket-snapshot-writer.yaml")
     run = f"deploy-{uuid.uuid4().hex[:8]}"
     state_url = real_worker.state_storage_url
@@ -220,16 +250,178 @@ def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, tmp_pa
     assert not missing and not twice and not early, (
         f"missing {len(missing)} {missing[:5]}, twice {len(twice)} {twice[:5]}, early {len(early)} {early[:5]}")
 
-    for fqfn in deployed.values():
-        admin.delete(fqfn)
-    _wait_for("every instance stopped after `functions delete`",
-              lambda: not any(real_worker.instance_pids(f, i) for f in deployed.values() for i in range(8)),
-              timeout_s=120)
-    assert not set(admin.list()) & {f.split("/")[-1] for f in deployed.values()}
-    print(f"deploy example: {len(commands)} commands; {len(due)} scheduled, {len(releases.got)} released, "
+    print(f"deploy example: {len(deployed.functions)} functions; {len(due)} scheduled, {len(releases.got)} released, "
           f"0 missing, 0 twice, 0 early; {released_before_kill} released before the SIGKILL, "
           f"{len(due) - released_before_kill} after the worker's restart and `functions restart`; index "
           f"{index_id} on {state_url}")
+
+
+# -- the shipped set as one system ----------------------------------------------------------------
+
+UNIT_S = 5  # the syncer's and the producer's delay-level unit for the test (the shipped one is a day)
+MAX_DELAY_S = 600
+
+
+def _deletion_logs(real_worker: RealWorker, fqfn: str, instances: int) -> str:
+    return "\n".join(real_worker.instance_log_text(fqfn, i) for i in range(instances))
+
+
+def _cursor_ledgers(admin: PulsarAdminClient, topic: TopicRef, subs: Set[str]) -> Dict[str, int]:
+    """subscription -> its cursor ledger, once each of `subs` has persisted its position in one."""
+    holder: Dict[str, Dict[str, int]] = {}
+
+    def ready() -> bool:
+        stats = admin.internal_stats(topic) or {"cursors": {}}
+        holder["c"] = {n: int(c["cursorLedger"]) for n, c in stats["cursors"].items()}
+        return all(holder["c"].get(s, -1) >= 0 for s in subs)
+
+    assert wait_for(ready, timeout=60, interval=0.5), holder
+    return holder["c"]
+
+
+def _enqueue(project: Path, service_url: str, topic: TopicRef, ledger_id: int, cursor: str = "") -> None:
+    """`pulsar-lifecycle deletion enqueue` as an operator runs it beside the shipped worker config:
+    the request goes to the shipped deletion topics, its send delay through the shipped writer."""
+    which = ["--component", "MANAGED_CURSOR", "--cursor", cursor] if cursor else []
+    res = subprocess.run([".venv/bin/pulsar-lifecycle", "deletion", "enqueue", "--service-url", service_url,
+                          "--topic", topic.short_name, "--ledger-id", str(ledger_id), *which, "--send-delay-seconds", "2",
+                          "--worker-config", "function-configs/ledger-deletion-worker.yaml"],
+                         cwd=project, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, f"{res.stdout[-2000:]}\n{res.stderr[-3000:]}"
+
+
+@pytest.mark.timeout(1200)
+def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorker, deployed: Deployed,
+                                                          unique: str) -> None:
+    """The shipped set as the docs deploy it, unchanged but for userConfig keys an operator sets
+    with `functions update` (the deletion worker's admin and bookie URLs, shorter delays and
+    delay-level units for the test's speed): a deletion request for a ledger still in use is
+    retried through the writer and deletes the ledger once it is an orphan, a live ledger's
+    request is retried and the ledger kept; long delays parked by a DelayLevelProducer on its
+    default delay-level topic are forwarded by the syncer and released by the writer exactly once
+    and none early, a cancelled one never; near-term ones go through the writer directly. Then
+    `functions delete` stops every instance."""
+    admin, sa = real_worker.admin, real_worker.standalone
+    fns = deployed.functions
+    syncer, deleter = fns["delay-level-syncer.yaml"], fns["ledger-deletion-worker.yaml"]
+    writer_cfg = load_function_config(deployed.project / "function-configs" / "bucket-snapshot-writer.yaml")
+    syncer_cfg = load_function_config(deployed.project / "function-configs" / "delay-level-syncer.yaml")
+    deleter_n = int(load_function_config(deployed.project / "function-configs" / "ledger-deletion-worker.yaml")["parallelism"])
+    before = {f: {i: real_worker.instance_pids(f, i) for i in range(deleter_n)} for f in (syncer, deleter)}
+    assert admin.update_user_config(syncer, partitionBy="SECONDS", unitSeconds=UNIT_S,
+                                    messageMaximumDelayTimeSeconds=MAX_DELAY_S, lookaheadMillis=3000,
+                                    partitionDiscoverySeconds=1) == "Updated successfully"
+    assert admin.update_user_config(deleter, pulsarAdminUrl=sa.admin_url, bookieHttpUrls=[sa.bookie_http_url],
+                                    sendDelaySeconds=2, reconsumeLaterSeconds=3, ledgersCacheTtlSeconds=1) \
+        == "Updated successfully"
+    for fqfn, n in ((syncer, 1), (deleter, deleter_n)):
+        def restarted(fqfn: str = fqfn, n: int = n) -> bool:
+            return all(real_worker.instance_pids(fqfn, i) not in ([], before[fqfn][i]) for i in range(n))
+
+        _wait_for(f"{fqfn}: every instance started again by `functions update`", restarted, timeout_s=180)
+        admin.wait_running(fqfn, n, timeout_s=300)
+    assert admin.get(syncer)["userConfig"]["delayLevelTopic"] == syncer_cfg["userConfig"]["delayLevelTopic"]
+
+    pa = PulsarAdminClient.connect([sa.admin_url])
+    bookie = BookieHttpClient.connect([sa.bookie_http_url])
+    topic = TopicRef.parse(f"public/default/e2e-ledgers-{unique}")
+    business = f"persistent://public/default/e2e-business-{unique}"
+    client = pulsar.Client(real_worker.service_url, operation_timeout_seconds=30)
+    try:
+        # Two subscriptions with cursor ledgers: "gone" will be removed; "keep" has not read the
+        # first data ledger, which stays in use.
+        keep = client.subscribe(topic.full_name, "keep", consumer_type=pulsar.ConsumerType.Shared)
+        gone = client.subscribe(topic.full_name, "gone", consumer_type=pulsar.ConsumerType.Shared)
+        publish_all(client.create_producer(topic.full_name, batching_enabled=False), [b"m"] * 6)
+        for consumer in (keep, gone):
+            consumer.acknowledge(consumer.receive(timeout_millis=10_000))
+        cursors = _cursor_ledgers(pa, topic, {"keep", "gone"})
+        live = min(int(item["ledgerId"]) for item in (pa.internal_stats(topic) or {})["ledgers"])
+        _enqueue(deployed.project, real_worker.service_url, topic, cursors["gone"], "gone")
+        _enqueue(deployed.project, real_worker.service_url, topic, live)
+
+        # Long delays parked on the default delay-level topic, one cancelled; short ones near-term.
+        releases = client.subscribe(business, f"e2e-{unique}", initial_position=pulsar.InitialPosition.Earliest)
+        strategy = DelayLevelTopicPartitionStrategy(MAX_DELAY_S, PartitionBy.SECONDS, unit_seconds=UNIT_S)
+        near = DelayedProducer(client, scheduling_topic=writer_cfg["userConfig"]["schedulingTopic"])
+        producer = DelayLevelProducer(client, business, near, strategy=strategy)
+        assert producer.delay_level_topic == syncer_cfg["userConfig"]["delayLevelTopic"]
+        now = int(time.time() * 1000)
+        due: Dict[str, int] = {}
+        for i in range(20):
+            sent = producer.send(f"parked-{i}".encode(), deliver_at_ms=now + 25_000 + 100 * i)
+            assert sent.parked and sent.topic.startswith(producer.delay_level_topic), sent
+            due[f"parked-{i}"] = now + 25_000 + 100 * i
+        cancelled = producer.send(b"cancelled", deliver_at_ms=now + 26_000)
+        assert cancelled.parked
+        producer.cancel(cancelled)
+        for i in range(5):
+            sent = producer.send(f"near-{i}".encode(), deliver_at_ms=now + 3000)
+            assert not sent.parked, sent
+            due[f"near-{i}"] = now + 3000
+
+        # The in-use ledger's request comes back through the writer as a retry.
+        def retried(ledger: int) -> bool:
+            return f"retry sent ledger={ledger} " in _deletion_logs(real_worker, deleter, deleter_n)
+
+        _wait_for("a retry of the request for gone's cursor ledger (still in use)", lambda: retried(cursors["gone"]),
+                  timeout_s=120)
+        # Removing "gone" orphans its cursor ledger: the broker's own delete fails.
+        zk = ZooKeeperClient(sa.host, sa.ports["zookeeper"])
+        block = ledger_znode(zk, cursors["gone"]) + "/pl-block-delete"
+        zk.create(block)
+        try:
+            gone.close()
+            r = requests.delete(f"{sa.admin_url}/admin/v2/persistent/{topic.short_name}/subscription/gone", timeout=30)
+            assert r.status_code == 204, r.text
+            time.sleep(2)  # the broker's delete has been tried (and failed) by now
+        finally:
+            zk.delete(block)
+            zk.close()
+        assert cursors["gone"] in bookie.list_ledger_ids(), "not an orphan: the broker deleted it"
+        # A new data ledger above the orphan, as the topic goes on (the unload closes the current one).
+        requests.put(f"{sa.admin_url}/admin/v2/persistent/{topic.short_name}/unload", timeout=30)
+        client.create_producer(topic.full_name).send(b"after")
+        assert max(pa.in_use_ledger_ids(topic) or {0}) > cursors["gone"]
+        _wait_for("the orphan deleted by a retry", lambda: cursors["gone"] not in bookie.list_ledger_ids(),
+                  timeout_s=180)
+        logs = _deletion_logs(real_worker, deleter, deleter_n)
+        assert re.search(rf"deleted topic=\S+ ledger={cursors['gone']}\b", logs), logs[-3000:]
+
+        got: List[Tuple[str, int]] = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (len(got) >= len(due) and time.time() * 1000 > now + 34_000):
+            try:
+                msg = releases.receive(timeout_millis=1000)
+            except pulsar.Timeout:
+                continue
+            got.append((msg.data().decode(), msg.publish_timestamp()))
+            releases.acknowledge(msg)
+        assert retried(live), "the live ledger's request was not retried"
+        assert live in bookie.list_ledger_ids() and live in (pa.in_use_ledger_ids(topic) or set()), \
+            "the live data ledger was deleted"
+    finally:
+        client.close()
+        pa.close()
+        bookie.endpoints.close()
+
+    counts: Dict[str, int] = {}
+    for payload, _at in got:
+        counts[payload] = counts.get(payload, 0) + 1
+    missing = sorted(set(due) - set(counts))
+    twice = sorted(p for p, n in counts.items() if n > 1)
+    early = sorted(p for p, at in got if p in due and at < due[p])
+    assert "cancelled" not in counts, got
+    assert not missing and not twice and not early and set(counts) == set(due), (
+        f"missing {missing[:5]}, twice {twice[:5]}, early {early[:5]}, unexpected {sorted(set(counts) - set(due))}")
+
+    for fqfn in fns.values():
+        admin.delete(fqfn)
+    _wait_for("every instance stopped after `functions delete`",
+              lambda: not any(real_worker.instance_pids(f, i) for f in fns.values() for i in range(8)), timeout_s=120)
+    assert not set(admin.list()) & {f.split("/")[-1] for f in fns.values() if f.startswith("public/default/")}
+    print(f"shipped set: orphan {cursors['gone']} deleted after a retry, live {live} kept; "
+          f"{len(due)} delayed released once, none early, the cancelled one never")
 
 
 def _check_user_metrics(real_worker: RealWorker, writer: str) -> None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -142,12 +143,24 @@ class PulsarAdmin:
         self._classpath = resolve_client_tools().classpath_arg
         (self.work_dir / "classpath.args").write_text(f'-cp "{self._classpath}"\n')
 
+    def command(self) -> List[str]:
+        """The `pulsar-admin` command line (arguments follow)."""
+        return [self._java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
+                f"-Dlog4j.configurationFile={self.work_dir / 'log4j2.properties'}",
+                f"@{self.work_dir / 'classpath.args'}", ADMIN_TOOL, str(self.work_dir / "client.conf"),
+                "--admin-url", self.admin_url]
+
+    def write_shim(self, bin_dir: Path) -> Path:
+        """A `pulsar-admin` script in `bin_dir` running this CLI, for commands run as a shell runs them."""
+        bin_dir.mkdir(parents=True, exist_ok=True)
+        shim = bin_dir / "pulsar-admin"
+        shim.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self.command()) + ' "$@"\n')
+        shim.chmod(0o755)
+        return shim
+
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         """`pulsar-admin ARGS`; AssertionError with its output when it fails and `check`."""
-        cmd = [self._java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
-               f"-Dlog4j.configurationFile={self.work_dir / 'log4j2.properties'}",
-               f"@{self.work_dir / 'classpath.args'}", ADMIN_TOOL, str(self.work_dir / "client.conf"),
-               "--admin-url", self.admin_url, *args]
+        cmd = [*self.command(), *args]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout_s, stdin=subprocess.DEVNULL)
         if check and res.returncode != 0:
             raise AssertionError(f"pulsar-admin {' '.join(args)} exited {res.returncode}:\n"
@@ -171,6 +184,16 @@ class PulsarAdmin:
     def status(self, fqfn: str) -> Dict[str, Any]:
         """`functions status`, parsed."""
         return json.loads(self.run("functions", "status", *self._fn(fqfn)).stdout)
+
+    def get(self, fqfn: str) -> Dict[str, Any]:
+        """`functions get`: the function's config as the worker holds it, parsed."""
+        return json.loads(self.run("functions", "get", *self._fn(fqfn)).stdout)
+
+    def update_user_config(self, fqfn: str, **overrides: Any) -> str:
+        """Change some userConfig keys the way an operator does: `functions get`, the whole map with
+        the keys changed, `functions update --user-config` (which replaces the whole map)."""
+        user = dict(self.get(fqfn).get("userConfig") or {}, **overrides)
+        return self.update(fqfn, "--user-config", json.dumps(user))
 
     def stats(self, fqfn: str) -> Dict[str, Any]:
         """`functions stats`, parsed."""
