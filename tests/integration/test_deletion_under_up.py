@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import threading
+import urllib.request
 from pathlib import Path
 from typing import List
 
@@ -30,7 +31,7 @@ def test_enqueue_against_up_is_refused_before_sending_when_the_worker_cannot_ser
     data = tmp_path / "data"
     configs = [REPO / "function-configs" / f for f in ("bucket-snapshot-writer.yaml", "ledger-deletion-worker.yaml")]
     args = [a for c in configs for a in ("--function-config-file", str(c))]
-    proc = subprocess.Popen([*CLI, "up", *args, "--data-dir", str(data)], cwd=REPO, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([*CLI, "up", *args, "--data-dir", str(data), "--metrics-port", "0"], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True, env=cli_env(tmp_path))
     lines: List[str] = []
     threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout or []), daemon=True).start()
@@ -49,10 +50,31 @@ def test_enqueue_against_up_is_refused_before_sending_when_the_worker_cannot_ser
                        "up --broker-service-url"):
             assert needle in err, err
         assert res.stdout == ""  # nothing was sent: no message id
+        # A writer's snapshot (DELAYED_INDEX_BUCKET) is served here: the in-use oracle is the writer's
+        # manifest. Bucket 77 is in no manifest and not stored: deleted as already gone, end to end.
+        res = run_cli("deletion", "enqueue", "--topic", "public/default/delayed-scheduling", "--ledger-id", "77",
+                      "--component", "DELAYED_INDEX_BUCKET", "--send-delay-seconds", "0", "--service-url", urls[0],
+                      "--data-dir", str(data), "--connect-timeout", "10", tmp_path=tmp_path, cwd=REPO)
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert any("bucketSnapshotHooks" in line for line in lines), lines
+        found: List[str] = []
+        assert wait_for(lambda: found.extend(m.group(1) for m in map(re.compile(r"^metrics (http://\S+)").match,
+                                                                     lines) if m) or found, timeout=30, interval=0.2)
+        metrics = found[0]
+
+        def done() -> bool:
+            text = urllib.request.urlopen(metrics, timeout=10).read().decode()
+            return any(line.startswith("pulsar_function_user_metric_sum{") and "ledger_deletion_" in line
+                       and ('already_gone"' in line or 'deleted"' in line or 'dead_lettered"' in line)
+                       for line in text.splitlines())
+        assert wait_for(done, timeout=60, interval=0.5)
     finally:
         rc = stop_process(proc, signal.SIGINT, timeout=60)
     assert rc == 0
     assert not (data / "up-functions.json").exists()  # removed when up stops
+    row = next((line for line in reversed(lines) if "ledger-deletion-worker" in line), "")
+    cells = [c.strip() for c in row.split("│")]
+    assert cells[3:5] == ["1", "1"] and "dead-lettered" not in row, lines[-12:]  # in 1, out 1: deleted
 
 
 def test_enqueue_delays_through_the_worker_backend_by_default():

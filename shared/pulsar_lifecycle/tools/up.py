@@ -10,7 +10,8 @@ The configs run as given: the shipped set joins up by itself (the deletion worke
 the syncer's forwards go to the shipped writer's scheduling topic), and whatever in a custom set
 does not join up (`validate --system`) is reported when it starts, never rewired. For
 one machine only: on the embedded broker the deletion worker runs without the admin REST and
-bookie HTTP URLs (pulsar-lite has neither), and the writer and syncer record their metrics every
+bookie HTTP URLs (pulsar-lite has neither) and with the writer's manifest as its in-use oracle for
+DELAYED_INDEX_BUCKET requests (DESIGN §7), and the writer and syncer record their metrics every
 `METRICS_INTERVAL_S` seconds for the status view.
 """
 from __future__ import annotations
@@ -82,7 +83,27 @@ def _dead_ends(configs: Sequence[Tuple[Path, Dict[str, Any]]]) -> List[str]:
             system_problems(functions, default_parked_on=[(DEFAULT_DELAY_LEVEL_TOPIC, "DelayLevelProducer's default")])]
 
 
-def plan_functions(files: Sequence[Path], embedded: bool) -> Tuple[List[FunctionPlan], List[str]]:
+def _writer_manifest_oracle(configs: Sequence[Tuple[Path, Dict[str, Any]]], data_dir: Path) -> Dict[str, str]:
+    """The userConfig that makes a deletion worker's in-use oracle and store for
+    DELAYED_INDEX_BUCKET requests the manifest and snapshot directory of the writer running here
+    (DESIGN §7, embedded default), or {} when no single writer keeps its index in a directory."""
+    writers = [spec_from_config(cfg) for _, cfg in configs if spec_from_config(cfg).class_name == WRITER]
+    if len(writers) != 1:
+        return {}
+    writer = writers[0]
+    user = writer.user_config or {}
+    if (user.get("schedulingTopicPartitions") or int(writer.parallelism or 1) > 1
+            or user.get("snapshotStorage", "auto") not in ("auto", "directory") or user.get("snapshotStorageServiceUrl")):
+        return {}  # one directory per partition or instance, or a table service: not one manifest here
+    # the local runner's default (scheduler/snapshot_location.py) unless the config names one
+    table = f"{writer.tenant}_{writer.namespace}_{writer.name}".replace("-", "_")
+    snapshot_dir = str(user.get("snapshotDir") or Path(data_dir) / "buckets" / table)
+    return {"bucketSnapshotHooks": "pulsar_lifecycle.scheduler.snapshot_deletion:snapshot_hooks",
+            "bucketSnapshotDir": snapshot_dir}
+
+
+def plan_functions(files: Sequence[Path], embedded: bool,
+                   data_dir: Optional[Path] = None) -> Tuple[List[FunctionPlan], List[str]]:
     """The functions to run, in start order, with the changes for one machine (see the module
     docstring); the notes name skipped configs and what does not join up."""
     configs, notes = _configs(files)
@@ -99,6 +120,11 @@ def plan_functions(files: Sequence[Path], embedded: bool) -> Tuple[List[Function
                 del user[k]
             if dropped:
                 changes.append(f"without {', '.join(dropped)} (pulsar-lite serves neither)")
+            oracle = _writer_manifest_oracle(configs, data_dir) if data_dir is not None else {}
+            if oracle and not user.get("bucketSnapshotHooks"):
+                user.update(oracle)
+                changes.append(f"in-use oracle and store for DELAYED_INDEX_BUCKET requests: the writer's manifest in "
+                               f"{oracle['bucketSnapshotDir']} (bucketSnapshotHooks)")
         if "metricsIntervalSeconds" in keys:
             user["metricsIntervalSeconds"] = METRICS_INTERVAL_S
         plans.append(FunctionPlan(path, spec_from_config(cfg, {"userConfig": user}), tuple(changes)))

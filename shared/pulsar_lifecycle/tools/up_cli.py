@@ -63,7 +63,7 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
     if missing:
         raise click.BadParameter(f"not found: {', '.join(missing)}", param_hint="--function-config-file")
     try:
-        plans, notes = plan_functions(files, embedded=broker_service_url is None)
+        plans, notes = plan_functions(files, embedded=broker_service_url is None, data_dir=Path(data_dir))
     except FunctionConfigError as exc:
         raise click.ClickException(str(exc)) from exc
     _check_plans(plans)
