@@ -356,7 +356,17 @@ class SchedulerService:
 
     def _answer(self, replies: List[Tuple[int, Cancel, str]]) -> None:
         """Publish the answers (sequence id = the cancel's own position, so a redelivered cancel's
-        answer is a duplicate the publisher drops) and wait until the broker stored them."""
+        answer is a duplicate the publisher drops) and wait until the broker stored them. A reply
+        topic that cannot be opened (a cluster without topic auto-creation, a partitioned topic of
+        that name) leaves the cancels applied and unanswered, with a warning: never a writer that
+        fails on every redelivery of a cancel."""
+        try:
+            self.publisher.open(self.reply_topic)
+        except Exception as exc:
+            log.warning("event=cancel_reply_failed reply_to=%s cancels=%d error=%r reason='the cancels are applied; "
+                        "`delayed cancel` reports no answer (create the topic, non-partitioned)'", self.reply_topic,
+                        len(replies), exc)
+            return
         out = []
         for seq, item, outcome in sorted(replies, key=lambda r: r[0]):
             ledger, entry, partition, batch = item.source
