@@ -176,17 +176,28 @@ class DelayLevelSyncerService:
                                          max(1, min(queue, self.cfg.forward_batch_size)), 16 << 20, 1))
 
     def _subscribe_partition(self, k: int, queue: int) -> pulsar.Consumer:
-        """Partition k's consumer. A partition the broker refuses is a PartitionRefusedError that
-        says what to do: Apache Pulsar refuses a partition beyond a partitioned topic's partition
-        count (NotAllowedError), so the strategy asks for more partitions than the topic has."""
-        try:
-            return self._subscribe(partition_topic(self.cfg.delay_level_topic, k), queue)
-        except pulsar.NotAllowedError as exc:
+        """Partition k's consumer, subscribed through `subscribe_promptly` (a consumer id a dead
+        predecessor still holds on pulsar-lite costs a second attempt after 2 s, not the client's
+        operation timeout: the rotated order and localrun's random id offset make that rare, not
+        impossible). A partition the broker refuses is a PartitionRefusedError that says what to
+        do: Apache Pulsar refuses a partition beyond a partitioned topic's partition count
+        (NotAllowedError), so the strategy asks for more partitions than the topic has."""
+        topic = partition_topic(self.cfg.delay_level_topic, k)
+
+        def attempt() -> "pulsar.Consumer | pulsar.NotAllowedError":
+            try:
+                return self._subscribe(topic, queue)
+            except pulsar.NotAllowedError as refused:  # an answer, not a reason to try again
+                return refused
+        got = subscribe_promptly(attempt, topic)
+        if isinstance(got, pulsar.NotAllowedError):
+            exc = got
             dl, n = self.cfg.delay_level_topic, self.strategy.partitions
             raise PartitionRefusedError(
                 f"the broker refuses partition {k} of the delay-level topic {dl} ({exc}): a partitioned topic with "
                 f"fewer partitions than the strategy's {n}; grow it (pulsar-admin topics update-partitioned-topic "
                 f"{dl} -p {n}) or lower messageMaximumDelayTimeSeconds") from exc
+        return got
 
     def _open_probe(self, k: int) -> Optional[pulsar.Consumer]:
         """A probe of partition k: a consumer on this subscription with a queue of one. None when
@@ -294,7 +305,9 @@ class DelayLevelSyncerService:
         try:
             for key in keys[shift:] + keys[:shift]:
                 if key == CANCELS:
-                    consumers[key] = self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub)
+                    consumers[key] = subscribe_promptly(
+                        lambda: self._subscribe(cancel_topic(cfg.delay_level_topic), 1000, cancel_sub),
+                        cancel_topic(cfg.delay_level_topic))
                 else:
                     consumers[key] = self._subscribe_partition(key, cfg.receiver_queue_size)
         except BaseException:
