@@ -334,3 +334,19 @@ def test_a_remembered_port_taken_meanwhile_is_given_up_for_a_free_one(tmp_path):
         assert third.port == second.port
     finally:
         third.stop(remove_data=False)
+
+
+def test_the_previous_broker_of_the_data_dir_on_the_port_is_waited_for(tmp_path):
+    """After a crash the previous run's broker holds the port (and the store) for its grace period:
+    a restart on the same port waits for it instead of refusing the port as taken."""
+    previous = EmbeddedBroker(data_dir=tmp_path / "broker").start()
+    port = previous.port
+    stopper = threading.Timer(1.0, lambda: previous.stop(remove_data=False))
+    stopper.start()
+    restarted = EmbeddedBroker(data_dir=tmp_path / "broker", port=port)
+    try:
+        restarted.start(wait_for_previous=15)
+        assert restarted.port == port
+    finally:
+        stopper.join()
+        restarted.stop(remove_data=False)

@@ -317,9 +317,9 @@ class EmbeddedBroker:
             log.warning("event=broker_ports_unwritable path=%s error=%r", path, exc)
 
     def _is_previous_broker(self, holder: Optional[PortHolder]) -> bool:
-        """Whether `holder` is a pulsar-lite on this data directory's store (a previous owner's
-        broker in its orphan grace period)."""
-        return holder is not None and "pulsar-lite" in holder.command and str(self.db_path) in holder.command
+        """Whether `holder` is a broker on this data directory's store (a previous owner's broker
+        in its orphan grace period): its arguments hold this store's --db-path."""
+        return holder is not None and str(self.db_path) in holder.argv  # started with this store's --db-path
 
     def _pick_port(self) -> int:
         """The port to start on: the one asked for; else the one this data dir last ran on; else a

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional, Set
+from typing import Iterator, Optional, Set, Tuple
 
 __all__ = ["PortHolder", "port_holder"]
 
@@ -22,11 +22,17 @@ class PortHolder:
     """The process that listens on a port."""
 
     pid: int
-    command: str  # its command line, arguments joined by spaces (shortened)
+    argv: Tuple[str, ...]  # its command line (empty when it cannot be read)
+
+    @property
+    def command(self) -> str:
+        """The command line, arguments joined by spaces, shortened to 200 characters."""
+        text = " ".join(self.argv)
+        return text if len(text) <= 200 else text[:197] + "..."
 
     def describe(self) -> str:
         """`process 1234 (command line)`, as error messages name it."""
-        return f"process {self.pid} ({self.command})" if self.command else f"process {self.pid}"
+        return f"process {self.pid} ({self.command})" if self.argv else f"process {self.pid}"
 
 
 def _listening_inodes(port: int, proc: Path) -> Set[str]:
@@ -59,13 +65,12 @@ def _pids(proc: Path) -> Iterator[int]:
             yield int(name)
 
 
-def _command(pid: int, proc: Path, limit: int = 200) -> str:
+def _argv(pid: int, proc: Path) -> Tuple[str, ...]:
     try:
         raw = (proc / str(pid) / "cmdline").read_bytes()
     except OSError:
-        return ""
-    text = " ".join(part.decode(errors="replace") for part in raw.split(b"\0") if part)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+        return ()
+    return tuple(part.decode(errors="replace") for part in raw.split(b"\0") if part)
 
 
 def port_holder(port: int, proc: Path = Path("/proc")) -> Optional[PortHolder]:
@@ -84,7 +89,7 @@ def port_holder(port: int, proc: Path = Path("/proc")) -> Optional[PortHolder]:
         for fd in fds:
             try:
                 if os.readlink(fd_dir / fd) in targets:
-                    return PortHolder(pid, _command(pid, proc))
+                    return PortHolder(pid, _argv(pid, proc))
             except OSError:
                 continue
     return None
