@@ -330,10 +330,17 @@ class EmbeddedBroker:
         port = asked or self.remembered_port() or 0
         if port and port_open(self.host, port):
             holder = port_holder(port)
+            for _ in range(3):  # a holder that is closing (the previous broker stopping) may be gone from /proc
+                if holder is not None:
+                    break
+                if not port_open(self.host, port):
+                    return port  # closed meanwhile
+                time.sleep(0.05)
+                holder = port_holder(port)
             who = holder.describe() if holder else "a process this user cannot see"
             if self._is_previous_broker(holder):
-                raise BrokerBusy(f"port {self.host}:{port} is already in use by the previous broker of "
-                                 f"{self.data_dir} ({who})")
+                raise BrokerBusy(f"data directory {self.data_dir} is locked by another broker ({who}, listening on "
+                                 f"{self.host}:{port}); broker log: {self.log_path}")
             if asked:
                 raise BrokerError(f"port {self.host}:{port} is taken by {who}: stop it, or choose another "
                                   "--embedded-broker-port (0 = the port this --data-dir last ran on, else a free one)")
