@@ -4,12 +4,16 @@ its table service) and the real `pulsar-admin` CLI (support/real_worker.py), the
 running this repository's reproduction of Pulsar's Python instance
 (support/pulsar_python_instance/, which Pulsar does not publish on Maven Central).
 
-`pulsar-lifecycle ...` lines run as commands in a copy of the repository layout; each
-`pulsar-admin functions create` line runs as written. The shipped writer then keeps its index on
-the table service and releases every message exactly once and never early, also across a
-SIGKILL of its instance (the worker starts it again) and `functions restart`; `functions
-status`, `functions stats` and the worker's /metrics/ show what the docs name; `functions
-delete` stops every instance. One standalone serves the module.
+bash runs the docs' block in a copy of the repository layout, `pulsar-admin` being the real CLI:
+the whole shipped set is created (module fixture `deployed`). The shipped writer then keeps its
+index on the table service and releases every message exactly once and never early, also
+across a SIGKILL of its instance (the worker starts it again) and `functions restart`;
+`functions status`, `functions stats` and the worker's /metrics/ show what the docs name. With
+only userConfig keys changed by `functions update`, the set works as one system (a deletion
+retried through the writer, parked delays forwarded by the syncer, a cancel); `functions delete`
+then stops every instance. What a cluster refuses names the key to set, and `functions update`
+with the key set lets the writer run. One standalone serves the module (xdist_group keeps its
+tests on one xdist worker); the worker without function state has its own.
 """
 from __future__ import annotations
 
@@ -374,7 +378,9 @@ def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorke
             gone.close()
             r = requests.delete(f"{sa.admin_url}/admin/v2/persistent/{topic.short_name}/subscription/gone", timeout=30)
             assert r.status_code == 204, r.text
-            time.sleep(2)  # the broker's delete has been tried (and failed) by now
+            assert wait_for(lambda: "gone" not in (pa.internal_stats(topic) or {}).get("cursors", {}), timeout=30,
+                            interval=0.5)
+            time.sleep(2)  # the broker's one delete of the cursor ledger has been tried (and failed) by now
         finally:
             zk.delete(block)
             zk.close()
