@@ -172,7 +172,7 @@ def resolve_client_tools(progress: bool = True) -> PulsarRelease:
     version = CLIENT_TOOLS_VERSION
     return _resolve_set(f"pulsar-client-tools-{version}",
                         _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION),
-                        f"pulsar-client-tools {version}", version, "about 60 MB", progress)
+                        f"pulsar-client-tools {version}", version, "about 100 MB", progress)
 
 
 def _resolve_set(folder: str, pom: str, what: str, version: str, size: str, progress: bool) -> PulsarRelease:
