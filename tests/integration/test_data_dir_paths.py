@@ -131,8 +131,12 @@ def test_two_broker_stores_in_one_data_dir_are_named_and_nothing_starts(tmp_path
     nested = data_dir / ".pulsar-lifecycle" / "broker" / "pulsar-lite.rocksdb"
     before = _stores(tmp_path)
     assert before == sorted([data_dir / "pulsar-lite.rocksdb", nested])
-    with pytest.raises(BrokerError) as err:
-        EmbeddedBroker(data_dir=data_dir).start()
+    refused = EmbeddedBroker(data_dir=data_dir)
+    try:
+        with pytest.raises(BrokerError) as err:
+            refused.start()
+    finally:
+        refused.stop(remove_data=False)  # a start that wrongly succeeded leaves no broker behind
     text = str(err.value)
     assert str(data_dir / "pulsar-lite.rocksdb") in text and str(nested) in text, text
     assert "Nothing was started" in text and "mv " in text, text

@@ -4,8 +4,13 @@ with an error the client logs at ERROR and WARN, so the look asks only partition
 message (before: 30 ERROR + 30 WARN per look with the shipped syncer's 30 partitions)."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import List
 
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
@@ -14,16 +19,42 @@ from pulsar_lifecycle.logging_setup import CLIENT_LOG_ENV
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.timing import DelayedProducer
-from pulsar_lifecycle.tools.syncer_view import inspect_syncer, syncer_config
+from pulsar_lifecycle.tools.syncer_view import syncer_config
 from support.paths import REPO
 
+SYNCER = REPO / "function-configs" / "delay-level-syncer.yaml"
 LEVEL = re.compile(r"^\S+ \S+ +(WARN|ERROR) ")
 
 
-def test_the_status_views_look_at_an_idle_syncer_logs_no_error(tmp_path: Path, monkeypatch, unique) -> None:
+# The looks run in a process of their own: pulsar-client keeps the first client's logger for the
+# whole process, so in a test process that made clients before, the lines would go elsewhere.
+LOOKS = """
+import json, sys
+from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.tools.syncer_view import inspect_syncer
+spec = spec_from_config(load_function_config(sys.argv[1]))
+parked = []
+for _ in range(int(sys.argv[3])):
+    client = quiet_client(sys.argv[2])  # a client per look, as the status view makes
+    try:
+        parked.append(inspect_syncer(spec, client, None, timeout_s=10).parked)
+    finally:
+        client.close()
+print(json.dumps(parked))
+"""
+
+
+def _looks(log: Path, url: str, count: int) -> List[int]:
+    res = subprocess.run([sys.executable, "-c", LOOKS, str(SYNCER), url, str(count)], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, **{CLIENT_LOG_ENV: str(log)}))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout)
+
+
+def test_the_status_views_look_at_an_idle_syncer_logs_no_error(tmp_path: Path, unique) -> None:
     log = tmp_path / "pulsar-client.log"
-    monkeypatch.setenv(CLIENT_LOG_ENV, str(log))
-    spec = spec_from_config(load_function_config(REPO / "function-configs" / "delay-level-syncer.yaml"))
+    spec = spec_from_config(load_function_config(SYNCER))
     cfg = syncer_config(spec)
     broker = EmbeddedBroker(data_dir=tmp_path / "broker").start()
     client = quiet_client(broker.service_url)
@@ -31,14 +62,8 @@ def test_the_status_views_look_at_an_idle_syncer_logs_no_error(tmp_path: Path, m
     consumers = [client.subscribe(partition_topic(cfg.delay_level_topic, k), cfg.subscription or "syncer")
                  for k in range(cfg.strategy.partitions)]
     try:
-        looks = []
-        for _ in range(3):  # the view's looks of ~15 s, one after the other
-            look = quiet_client(broker.service_url)  # a client per look, as the status view makes
-            try:
-                looks.append(inspect_syncer(spec, look, None, timeout_s=10).parked)
-            finally:
-                look.close()
-        assert looks == [0, 0, 0]
+        assert _looks(log, broker.service_url, 3) == [0, 0, 0]  # the view's looks of ~15 s, back to back
+        assert log.is_file()  # the looks' client logged here
         # a parked message is still counted (its partition holds a message: asked for its end)
         producer = DelayLevelProducer(client, f"persistent://public/default/quiet-{unique}",
                                       DelayedProducer(client, scheduling_topic=cfg.scheduling_topic),
@@ -46,16 +71,11 @@ def test_the_status_views_look_at_an_idle_syncer_logs_no_error(tmp_path: Path, m
         producer.send(b"parked", delay_ms=2 * 86_400_000)
         producer.flush()
         producer.close()
-        look = quiet_client(broker.service_url)
-        try:
-            assert inspect_syncer(spec, look, None, timeout_s=10).parked == 1
-        finally:
-            look.close()
+        assert _looks(log, broker.service_url, 1) == [1]
     finally:
         for consumer in consumers:
             consumer.close()
         client.close()
         broker.stop()
-    text = log.read_text() if log.exists() else ""
-    noisy = [line for line in text.splitlines() if LEVEL.match(line)]
+    noisy = [line for line in log.read_text().splitlines() if LEVEL.match(line)]
     assert noisy == [], f"{len(noisy)} WARN/ERROR lines, e.g. {noisy[:2]}"

@@ -3,16 +3,16 @@
 file it opened). A real client writes the lines: one that cannot connect logs WARN and ERROR."""
 from __future__ import annotations
 
+import os
 import socket
-import time
+import subprocess
+import sys
 from pathlib import Path
 
-import pulsar
 import pytest
 
 from pulsar_lifecycle import logging_setup
-from pulsar_lifecycle.logging_setup import CLIENT_LOG_ENV, ClientLogRotation, rotate_client_log, route_client_log
-from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.logging_setup import CLIENT_LOG_ENV, rotate_client_log, route_client_log
 
 BOUND = 4000
 
@@ -23,30 +23,39 @@ def _closed_url() -> str:
         return f"pulsar://127.0.0.1:{s.getsockname()[1]}"
 
 
-def _log_some(client: pulsar.Client, attempts: int = 1) -> None:
-    for _ in range(attempts):
-        try:
-            client.create_producer("persistent://public/default/rotation")
-        except pulsar.PulsarException:
-            pass  # expected: nothing listens; the client logged why
+# A process of its own: pulsar-client keeps the first client's logger for the whole process.
+WRITER = """
+import sys, time
+from pathlib import Path
+import pulsar
+from pulsar_lifecycle.logging_setup import ClientLogRotation
+from pulsar_lifecycle.runtime.client import quiet_client
+log, url, bound = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+client = quiet_client(url, operation_timeout_s=1)
+rotation = ClientLogRotation(log, max_bytes=bound, backups=2, interval_s=0.1).start()
 
-
-def test_the_client_log_rotates_at_its_bound_while_a_client_writes(tmp_path: Path,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    log = tmp_path / "pulsar-client.log"
-    monkeypatch.setenv(CLIENT_LOG_ENV, str(log))
-    client = quiet_client(_closed_url(), operation_timeout_s=1)
-    rotation = ClientLogRotation(log, max_bytes=BOUND, backups=2, interval_s=0.1).start()
+def some():
     try:
-        deadline = time.monotonic() + 60
-        while not log.with_name(log.name + ".2").exists() and time.monotonic() < deadline:
-            _log_some(client)
-        assert log.with_name(log.name + ".2").exists(), sorted(p.name for p in tmp_path.iterdir())
-        _log_some(client, 2)
-        time.sleep(0.3)  # one more check of the rotation
-    finally:
-        rotation.stop()
-        client.close()
+        client.create_producer("persistent://public/default/rotation")
+    except pulsar.PulsarException:
+        pass  # expected: nothing listens; the client logged why
+
+deadline = time.monotonic() + 60
+while not log.with_name(log.name + ".2").exists() and time.monotonic() < deadline:
+    some()
+some()
+some()
+time.sleep(0.3)  # one more check of the rotation
+rotation.stop()
+client.close()
+"""
+
+
+def test_the_client_log_rotates_at_its_bound_while_a_client_writes(tmp_path: Path) -> None:
+    log = tmp_path / "pulsar-client.log"
+    res = subprocess.run([sys.executable, "-c", WRITER, str(log), _closed_url(), str(BOUND)], capture_output=True,
+                         text=True, timeout=120, env=dict(os.environ, **{CLIENT_LOG_ENV: str(log)}))
+    assert res.returncode == 0, res.stderr[-3000:]
     backups = sorted(p.name for p in tmp_path.iterdir() if p.name != log.name)
     assert backups == ["pulsar-client.log.1", "pulsar-client.log.2"]  # the oldest beyond 2 dropped
     for path in [log, *(tmp_path / b for b in backups)]:
