@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence, Set, Tuple
 
 import pulsar
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Entry", "close_quietly", "has_more", "holding_messages", "reader_at"]
+__all__ = ["Entry", "HoldsMessages", "close_quietly", "has_more", "holding_messages", "reader_at"]
 
 Entry = Tuple[int, int]  # (ledger id, entry id)
 
@@ -65,6 +66,33 @@ def holding_messages(client: "pulsar.Client", topics: Sequence[str], wait_s: flo
         for topic, reader in readers:
             close_quietly(reader, topic)
     return found
+
+
+@dataclass
+class HoldsMessages:
+    """Whether `topic` may be asked for its last message id: called, True once a Reader from the
+    earliest message received one of its messages within `wait_s` (each call looks again until
+    one did; from then on True without looking).
+
+    pulsar-lite answers the last-message-id request of a topic without messages with an error the
+    client logs at ERROR and WARN, so a check that runs while a topic is idle (the stall watchdog)
+    asks only a topic known to hold a message. A topic that held one keeps its end while its
+    messages are retained, acked ones included, so asking it does not error. A first message
+    slower than `wait_s` counts as none for that call.
+    """
+
+    client: Any
+    topic: str
+    wait_s: float = 0.5
+    found: bool = False
+
+    def __call__(self) -> bool:
+        if not self.found:
+            try:
+                self.found = bool(holding_messages(self.client, [self.topic], self.wait_s))
+            except pulsar.PulsarException as exc:  # not known this time: the caller asks again later
+                log.info("event=holds_messages_look_failed topic=%s error=%r", self.topic, exc)
+        return self.found
 
 
 def close_quietly(reader: Any, topic: str) -> None:

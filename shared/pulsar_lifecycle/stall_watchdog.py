@@ -14,7 +14,9 @@ since its start cannot tell a stall from a topic whose last message was acked be
 it is re-subscribed blind, at most BLIND_RESUBSCRIBES times, on either broker (both shown by
 tests/integration/test_broker_quirks.py). The owner cannot know which broker it talks to, so the
 watchdog runs on both: on Apache Pulsar it costs one get_last_message_id per idle check (backing
-off to STALL_CHECK_MAX_S) and those blind re-subscriptions.
+off to STALL_CHECK_MAX_S) and those blind re-subscriptions. Until something was received, an
+owner-given `holds_messages` look (a Reader from the earliest message) comes first, and a topic
+without messages is not asked: pulsar-lite answers it with an error the client logs.
 
 Used by the delay-level forwarders and the bucket writer's direct intake. The owner calls
 `seen()` for what it receives, `flowing()` when messages arrive, and `check()` only while idle
@@ -44,8 +46,12 @@ class StallWatchdog:
     """Decides when an idle consumer is stalled and replaces it (see module docstring)."""
 
     def __init__(self, topic: str, resubscribe: Callable[[int], pulsar.Consumer], queue_size: int,
-                 before_resubscribe: Optional[Callable[[], None]] = None, event: str = "consumer_resubscribed") -> None:
+                 before_resubscribe: Optional[Callable[[], None]] = None, event: str = "consumer_resubscribed",
+                 holds_messages: Optional[Callable[[], bool]] = None) -> None:
+        """`holds_messages` (readers.HoldsMessages): before anything was received, whether the
+        topic holds a message at all; the last message id is asked only then (None: always asked)."""
         self.topic = topic
+        self._holds = holds_messages
         self._event = event  # the log event of a re-subscription (operators grep for it)
         self._resubscribe = resubscribe  # opens a consumer on the same subscription with this receiver queue
         self._before = before_resubscribe  # e.g. hand back what another consumer of the subscription holds
@@ -75,6 +81,10 @@ class StallWatchdog:
             return None
         self._interval = min(STALL_CHECK_MAX_S, self._interval * 2)
         self._next_check = now + self._interval
+        if self.last_seen is None and self._holds is not None and not self._holds():
+            # Nothing received and nothing on the topic: pulsar-lite would answer the request
+            # below with an error the client logs at ERROR and WARN, and there is nothing held.
+            return None
         try:
             last = consumer.get_last_message_id()
             end: Optional[Tuple[int, int]] = (last.ledger_id(), last.entry_id())

@@ -82,3 +82,38 @@ def test_blind_resubscriptions_are_bounded(clock):
         clock[0] += sw.STALL_CHECK_MAX_S
         dog.check(_Consumer((1, 5)))
     assert len(opened) == sw.BLIND_RESUBSCRIBES and set(opened) == {sw.MAX_RESUBSCRIBE_QUEUE}
+
+
+class _AskCounting(_Consumer):
+    def __init__(self, end: Optional[Tuple[int, int]]) -> None:
+        super().__init__(end)
+        self.asked = 0
+
+    def get_last_message_id(self) -> _Id:
+        self.asked += 1
+        return super().get_last_message_id()
+
+
+def test_a_topic_never_seen_holding_a_message_is_not_asked_its_end(clock):
+    # pulsar-lite answers an empty topic's last-message-id request with an error the client logs
+    holds = [False]
+    looks: List[bool] = []
+
+    def holds_messages() -> bool:
+        looks.append(holds[0])
+        return holds[0]
+    opened: List[int] = []
+    dog = sw.StallWatchdog("t", lambda q: opened.append(q) or _Consumer((1, 5)), 200, holds_messages=holds_messages)
+    empty = _AskCounting(None)
+    clock[0] += sw.BLIND_WAIT_S
+    assert dog.check(empty) is None and empty.asked == 0 and looks == [False]
+    # a restarted consumer: what a dead predecessor holds is on the topic, found by the look
+    holds[0] = True
+    clock[0] += sw.STALL_CHECK_MAX_S
+    held = _AskCounting((1, 5))
+    assert dog.check(held) is not None and held.asked == 1 and opened == [400]
+    # once a message was received, the end is asked without a look
+    dog.seen(1, 5)
+    dog.flowing()
+    more = _AskCounting((1, 9))
+    assert dog.check(more) is not None and more.asked == 1 and looks == [False, True]

@@ -67,12 +67,21 @@ def last_position(
 ) -> Optional[Position]:
     """The topic's last entry, or None when the topic holds no message.
 
-    The Python Reader has no get_last_message_id, so a throw-away Shared subscription is made,
-    asked and unsubscribed. pulsar-lite answers an empty topic with UnknownError ("Topic has no
-    messages"); that answer is confirmed with a short read from the earliest message, because an
-    UnknownError on a non-empty topic must not be mistaken for "nothing to replay". When the read
-    finds a message (another producer wrote meanwhile), the broker is asked again.
+    A Reader from the earliest message looks first: when none arrives within `probe_timeout_ms`
+    the topic is empty. pulsar-lite answers the last-message-id request of an empty topic with
+    UnknownError ("Topic has no messages"), which the client logs at ERROR and WARN, so an empty
+    topic is never asked. A topic that holds a message is asked through a throw-away Shared
+    subscription (the Python Reader has no get_last_message_id), unsubscribed afterwards; an
+    error or an end before the message read is asked again (`attempts`), then refused: a replay
+    needs an end.
     """
+    reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1)
+    try:
+        first = position_of(reader.read_next(probe_timeout_ms).message_id())
+    except pulsar.Timeout:
+        return None
+    finally:
+        reader.close()
     sub = f"__pl_dedup_probe_{uuid.uuid4().hex[:12]}"
     consumer = client.subscribe(
         topic, sub, consumer_type=pulsar.ConsumerType.Shared, receiver_queue_size=1,
@@ -81,22 +90,13 @@ def last_position(
     try:
         for _attempt in range(attempts):
             try:
-                last = position_of(consumer.get_last_message_id())
+                last: Optional[Position] = position_of(consumer.get_last_message_id())
             except pulsar.UnknownError:
                 last = None
-            if last is not None:
-                # Real Pulsar reports an empty topic as entry -1 of its current ledger.
-                return last if last.entry_id >= 0 and last.ledger_id >= 0 else None
-            reader = client.create_reader(topic, pulsar.MessageId.earliest, receiver_queue_size=1)
-            try:
-                first = reader.read_next(probe_timeout_ms)
-            except pulsar.Timeout:
-                return None
-            finally:
-                reader.close()
-            log.info(
-                "event=dedup_last_id_retry topic=%s first=%s", topic, position_of(first.message_id())
-            )
+            if last is not None and last.entry() >= first.entry():
+                return last
+            log.info("event=dedup_last_id_retry topic=%s first=%s last=%s", topic, first, last)
+            time.sleep(0.2)  # the broker may still be writing the entry it handed the Reader
     finally:
         try:
             consumer.unsubscribe()

@@ -158,7 +158,7 @@ class PartitionForwarder:
                  policy: ForwardPolicy, stop: threading.Event,
                  resubscribe: Optional[Callable[[int], pulsar.Consumer]] = None, receiver_queue_size: int = 0,
                  probe: Optional[Probe] = None, read_gap: Optional[GapReader] = None,
-                 read_tail: Optional[TailReader] = None) -> None:
+                 read_tail: Optional[TailReader] = None, holds_messages: Optional[Callable[[], bool]] = None) -> None:
         self.k = k
         self.topic = topic
         self.consumer = consumer
@@ -200,8 +200,9 @@ class PartitionForwarder:
         if resubscribe is not None:
             # Messages waiting beyond a gap belong to the consumer being replaced: forgotten, not
             # acked; the broker hands them to the new one.
+            # `holds_messages`: an idle partition that never held a message is not asked its end.
             self._watchdog = StallWatchdog(topic, resubscribe, queue, event="delay_level_partition_resubscribed",
-                                           before_resubscribe=self._forget_waiting)
+                                           before_resubscribe=self._forget_waiting, holds_messages=holds_messages)
             if self._claimed > 0:
                 # After a restart: the last forwarded position counts as seen (the publisher's
                 # sequence id is the source position), so an idle consumer with unforwarded

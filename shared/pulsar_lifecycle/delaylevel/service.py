@@ -15,7 +15,7 @@ from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
 from ..partition_assignment import assign_partitions
-from ..readers import close_quietly, has_more, reader_at
+from ..readers import HoldsMessages, close_quietly, has_more, reader_at
 from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
 from ..subscribe import subscribe_promptly
@@ -326,7 +326,8 @@ class DelayLevelSyncerService:
                                        resubscribe=lambda queue: self._resubscribe(topic, queue),
                                        probe=lambda after: self._first_after(topic, after),
                                        read_gap=lambda after, until: self._read_between(topic, after, until),
-                                       read_tail=lambda after, limit: self._read_to_end(topic, after, limit))
+                                       read_tail=lambda after, limit: self._read_to_end(topic, after, limit),
+                                       holds_messages=HoldsMessages(self.client, topic))
         with self._grow_lock:
             self.forwarders.append(forwarder)  # stop() closes its consumer
         return forwarder

@@ -37,6 +37,7 @@ import pulsar
 from .. import native_consumer
 from ..bucket.records import DelayedMessage
 from ..clock import wall_clock_ms
+from ..readers import HoldsMessages
 from ..stall_watchdog import StallWatchdog
 from ..subscribe import subscribe_promptly
 from .acker import BackgroundAcker
@@ -80,7 +81,9 @@ class SchedulingConsumer:
         queue = max(MIN_RECEIVER_QUEUE, 2 * sub.batch_size)
         self._consumer = self._subscribe(queue)
         self._acker = BackgroundAcker(f"bucket-ack-{sub.topic.rsplit('/', 1)[-1]}")
-        self.watchdog: Optional[StallWatchdog] = StallWatchdog(sub.topic, self._subscribe, queue) if watchdog else None
+        # An idle topic that never held a message is not asked its end (readers.HoldsMessages).
+        self.watchdog: Optional[StallWatchdog] = StallWatchdog(
+            sub.topic, self._subscribe, queue, holds_messages=HoldsMessages(client, sub.topic)) if watchdog else None
 
     def _subscribe(self, receiver_queue_size: int) -> pulsar.Consumer:
         # Shared like the runtime's own input consumers (and the only type pulsar-lite gets right);
