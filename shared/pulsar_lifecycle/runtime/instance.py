@@ -12,6 +12,7 @@ import base64
 import logging
 import queue
 import threading
+import time
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -21,6 +22,7 @@ import pulsar
 from ..subscribe import subscribe_promptly
 from .classloader import import_class, instantiate_function
 from .context import LocalContext, effectively_once_sequence_id
+from .input_tails import InputTails, TrackedConsumer
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,14 @@ _COMPRESSION = {
 class _Item:
     message: pulsar.Message
     topic: str
-    consumer: pulsar.Consumer
+    consumer: Any  # the pulsar.Consumer, or its TrackedConsumer (input_tails.py)
 
 
 class FunctionInstance:
     """Runs one instance of a function against a broker until stopped."""
 
-    def __init__(self, spec: Any, context: LocalContext, client: pulsar.Client, nack_delay_ms: int = 60000) -> None:
+    def __init__(self, spec: Any, context: LocalContext, client: pulsar.Client, nack_delay_ms: int = 60000,
+                 tails: Optional[InputTails] = None) -> None:
         self.spec = spec
         self.context = context
         self.client = client
@@ -51,6 +54,8 @@ class FunctionInstance:
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._consumers: Dict[str, pulsar.Consumer] = {}
+        self._tails = tails  # the runner's input tail reads (None: off)
+        self._tracked: Dict[str, TrackedConsumer] = {}
         self._producer: Optional[pulsar.Producer] = None
         self._function: Any = None
         self._input_serdes: Dict[str, Any] = {}
@@ -105,7 +110,12 @@ class FunctionInstance:
                 kwargs["receiver_queue_size"] = int(ispec["receiverQueueSize"])
             consumer = self._subscribe_with_retry(topic, position, kwargs)
             self._consumers[topic] = consumer
-            self.context.consumers[topic] = consumer
+            if self._tails is not None:
+                tail = self._tails.tail(topic, consumer)
+                tracked = TrackedConsumer(consumer, tail)
+                tail.add_consumer(tracked, self._feed)
+                self._tracked[topic] = tracked
+            self.context.consumers[topic] = self._tracked.get(topic, consumer)  # type: ignore[assignment]
         # The runtime's counters exist from the start, at 0, as Pulsar's instance creates them: a
         # running instance is never absent from a scrape (the deploy/ alerts' absent()).
         metrics, ident = self.context.metrics, self.context.identity
@@ -137,17 +147,37 @@ class FunctionInstance:
 
     def _make_listener(self, topic: str):
         def listener(consumer: pulsar.Consumer, message: pulsar.Message) -> None:
-            if self.guarantee == "ATMOST_ONCE" and self.auto_ack:
-                consumer.acknowledge(message)
-            item = _Item(message, topic, consumer)
-            # Block like the runtime's queue.Queue(1).put(): back-pressure on the listener thread.
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(item, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
+            tracked: Any = consumer
+            if self._tails is not None:
+                # start() registers the topic's tail right after the subscribe returns.
+                deadline = time.monotonic() + 30
+                while topic not in self._tracked and not self._stop.is_set() and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                tracked = self._tracked.get(topic, consumer)
+                if isinstance(tracked, TrackedConsumer):
+                    seen = tracked.tail_received(message.message_id())
+                    if seen != "new":  # the broker's copy of what a Reader read (input_tails.py)
+                        if seen == "acked":
+                            tracked.acknowledge(message)
+                        return
+            self._enqueue(message, topic, tracked)
         return listener
+
+    def _feed(self, message: pulsar.Message, consumer: TrackedConsumer) -> None:
+        """A message of a held tail, read with a Reader (input_tails.py): processed as received."""
+        self._enqueue(message, consumer.tail_topic, consumer)
+
+    def _enqueue(self, message: pulsar.Message, topic: str, consumer: Any) -> None:
+        if self.guarantee == "ATMOST_ONCE" and self.auto_ack:
+            consumer.acknowledge(message)
+        item = _Item(message, topic, consumer)
+        # Block like the runtime's queue.Queue(1).put(): back-pressure on the listener thread.
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.2)
+                return
+            except queue.Full:
+                continue
 
     def _setup_producer(self) -> Optional[pulsar.Producer]:
         if not self.spec.output:

@@ -32,6 +32,7 @@ from .broker import EmbeddedBroker, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .connect import check_broker_answers
 from .context import FunctionIdentity, LocalContext
+from .input_tails import InputTails
 from .instance import FunctionInstance
 from .metrics import FunctionMetrics
 
@@ -153,6 +154,7 @@ class LocalRunner:
     _ticker: Optional[threading.Thread] = field(default=None, repr=False)
     _tick_producer: Any = field(default=None, repr=False)
     _lock: Optional[DataDirLock] = field(default=None, repr=False)
+    _tails: Optional[InputTails] = field(default=None, repr=False)
 
     @property
     def service_url(self) -> str:
@@ -207,6 +209,10 @@ class LocalRunner:
         if total < self.options.instance_id_offset + parallelism:
             raise ValueError(f"--num-instances {total} is below --instance-id-offset + parallelism "
                              f"({self.options.instance_id_offset + parallelism})")
+        if self.options.instance_id_offset == 0 and total == parallelism and spec.inputs:
+            # All instances of the subscription run here: what none of them received after the
+            # kept floor is held by a dead consumer (pulsar-lite), read with a Reader (input_tails.py).
+            self._tails = InputTails(client, data_dir, fqfn, spec.sub_name)
         for i in range(parallelism):
             identity = FunctionIdentity(spec.tenant, spec.namespace, spec.name, self.options.instance_id_offset + i,
                                         function_id, "local", num_instances=total)
@@ -216,9 +222,12 @@ class LocalRunner:
                 user_config=dict(spec.user_config or {}), secrets=dict(spec.secrets or {}), state=self._state,
                 metrics=self.metrics, logger=logging.getLogger(f"function.{fqfn}.{i}"), data_dir=data_dir,
             )
-            inst = FunctionInstance(spec, ctx, client, nack_delay_ms=self.options.nack_redelivery_delay_ms)
+            inst = FunctionInstance(spec, ctx, client, nack_delay_ms=self.options.nack_redelivery_delay_ms,
+                                    tails=self._tails)
             inst.start()
             self._instances.append(inst)
+        if self._tails is not None:
+            self._tails.start()
         self._start_ticker()
         log.info("event=localrun_started fqfn=%s broker=%s parallelism=%d", fqfn, self.service_url, len(self._instances))
         return self
@@ -307,6 +316,9 @@ class LocalRunner:
         if self._tick_producer is not None:
             _close_quietly(self._tick_producer, "tick producer")
             self._tick_producer = None
+        if self._tails is not None:
+            self._tails.stop()
+            self._tails = None
         for inst in self._instances:
             inst.stop()
         self._instances.clear()
