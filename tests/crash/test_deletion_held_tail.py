@@ -86,4 +86,5 @@ def test_a_killed_workers_held_requests_are_deleted_after_its_restart(broker, s3
             client.close()
         assert set(bookie.deleted) <= set(sc.removed_bk), "a ledger that was not requested was deleted"
         assert not sc.deleted_in_use()
+        assert len(bookie.deleted) == len(set(bookie.deleted)), "a ledger was deleted twice"
         print(f"held {len(held)} of {len(second)}; all deleted {took:.1f} s after the restart")

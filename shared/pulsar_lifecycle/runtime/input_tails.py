@@ -15,8 +15,9 @@ of a message id the consumer never received acks it on pulsar-lite too). The cop
 out later is a handled position: acked, not processed again. The floor moves over a read prefix
 once all of it is acked; a nacked message stops it and is left to the broker's redelivery.
 
-Without a floor file (a first run) the floor is the topic's end at the start: what a dead consumer
-held before that stays with it. Not for topics addressed as partitioned (their messages carry a
+Without a floor file (a first run) the floor is the topic's end at the start (or, for a topic
+empty then, at its first idle check with everything received acked): what a dead consumer held
+before that stays with it. Not for topics addressed as partitioned (their messages carry a
 partition): those are left alone. Off where the runner runs a share of a function's instances
 (another process's messages would look held).
 """
@@ -33,14 +34,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pulsar
 
+from ..readers import HoldsMessages
+
 log = logging.getLogger(__name__)
 
 Pos = Tuple[int, int, int]  # (ledger, entry, batch index); -1 batch index for an unbatched entry
 IDLE_S = 2.0  # no message for this long before the end is compared with the floor
 CHECK_MAX_S = 30.0  # the check interval backs off to this while the floor is at the end
 READ_WAIT_MS = 500  # a Reader that gives nothing for this long has read all there is
+END_WAIT_MS = 50  # once the measured last entry is reached
 READ_CAP = 2000  # messages handed out per pass (the next check reads on)
-EARLIEST: Pos = (-1, -1, -1)
 
 _INFLIGHT, _ACKED, _NACKED = 0, 1, 2
 
@@ -109,13 +112,16 @@ class InputTail:
         self._floors = floors
         self._lock = threading.Lock()
         self._handled: Dict[Pos, int] = {}
-        self.floor: Pos = start_floor if start_floor is not None else EARLIEST
+        self.floor: Optional[Pos] = start_floor  # None: not known yet (set at the first idle check)
         self._last_activity = time.monotonic()
         self._interval = IDLE_S
         self._next_check = time.monotonic() + IDLE_S
         self._feeds: List[Tuple[TrackedConsumer, Callable[[pulsar.Message, TrackedConsumer], None]]] = []
         self.partitioned = False
         self.read_total = 0
+        # Asked for its last message id only once known to hold one (pulsar-lite logs an ERROR and
+        # a WARN for an empty topic's request: readers.HoldsMessages).
+        self._holds = HoldsMessages(client, topic, found=start_floor is not None)
 
     def add_consumer(self, consumer: TrackedConsumer, feed: Callable[[pulsar.Message, TrackedConsumer], None]) -> None:
         """An instance's consumer of this topic, and how to hand it a message read by a Reader."""
@@ -135,6 +141,7 @@ class InputTail:
         with self._lock:
             self._last_activity = time.monotonic()
             self._interval = IDLE_S
+            self._holds.found = True
             state = self._handled.get(pos)
             if state == _INFLIGHT:
                 return "inflight"
@@ -146,7 +153,7 @@ class InputTail:
     def acked(self, pos: Pos) -> None:
         """`pos` was acked through the subscription."""
         with self._lock:
-            if pos in self._handled or after(pos, self.floor):
+            if pos in self._handled or self.floor is None or after(pos, self.floor):
                 self._handled[pos] = _ACKED
 
     def nacked(self, pos: Pos) -> None:
@@ -163,33 +170,57 @@ class InputTail:
         feeds = self._feeds
         if not feeds:
             return
+        if not self._holds():
+            self._backoff(now)
+            return
         try:
             end = feeds[0][0].get_last_message_id()
         except pulsar.PulsarException:
             end = None  # an empty topic (pulsar-lite: UnknownError): nothing to read
-        if end is None or (end.ledger_id(), end.entry_id()) < floor[:2] or \
+        if end is None or end.ledger_id() < 0:
+            self._backoff(now)
+            return
+        if floor is None:
+            self._first_floor((end.ledger_id(), end.entry_id(), -1), now)
+            return
+        if (end.ledger_id(), end.entry_id()) < floor[:2] or \
                 ((end.ledger_id(), end.entry_id()) == floor[:2] and floor[2] < 0):
             self._backoff(now)
             return
-        self._read(floor)
+        self._read(floor, (end.ledger_id(), end.entry_id()))
+
+    def _first_floor(self, end: Pos, now: float) -> None:
+        """No floor was kept (a first run): the topic's end, once nothing received is unacked
+        (what a dead consumer held before this stays with it)."""
+        with self._lock:
+            if any(s != _ACKED for s in self._handled.values()):
+                self._next_check = now + IDLE_S
+                return
+            self.floor = end
+            self._handled = {p: s for p, s in self._handled.items() if after(p, end)}
+        self._floors.save(self.topic, end)
+        log.info("event=input_tail_floor_set topic=%s floor=%s", self.topic, end)
 
     def _backoff(self, now: float) -> None:
         with self._lock:
             self._next_check = now + self._interval
             self._interval = min(self._interval * 2, CHECK_MAX_S)
 
-    def _read(self, floor: Pos) -> None:
+    def _read(self, floor: Pos, end: Tuple[int, int]) -> None:
         started = time.monotonic()
-        start = pulsar.MessageId.earliest if floor == EARLIEST else pulsar.MessageId(-1, *floor)
+        start = pulsar.MessageId(-1, *floor)
         reader = self._client.create_reader(self.topic, start)
         fed, seen, new_floor, contiguous = 0, 0, floor, True
+        wait_ms = READ_WAIT_MS
         try:
             while seen < READ_CAP:
                 try:
-                    msg = reader.read_next(timeout_millis=READ_WAIT_MS)
+                    msg = reader.read_next(timeout_millis=wait_ms)
                 except pulsar.Timeout:
                     break
                 pos = position(msg.message_id())
+                if pos[:2] >= end:
+                    wait_ms = END_WAIT_MS  # in the last entry: the rest of its batch comes at once
                 if not after(pos, floor):
                     continue
                 seen += 1
@@ -230,13 +261,17 @@ class InputTail:
                       new_floor, seen)
 
 
-def _end_now(consumer: pulsar.Consumer) -> Pos:
+def _end_now(client: pulsar.Client, topic: str, consumer: pulsar.Consumer) -> Optional[Pos]:
+    """The topic's last entry, or None when not known (empty: asking would log an ERROR on
+    pulsar-lite; or its first message came slowly): the first idle check sets it then."""
+    if not HoldsMessages(client, topic)():
+        return None
     try:
         end = consumer.get_last_message_id()
     except pulsar.PulsarException:
-        return EARLIEST  # an empty topic (pulsar-lite: UnknownError)
+        return None
     if end.ledger_id() < 0:
-        return EARLIEST
+        return None
     return (end.ledger_id(), end.entry_id(), -1)  # the whole last entry
 
 
@@ -287,8 +322,9 @@ class InputTails:
             if topic not in self._tails:
                 floor = self._floors.get(topic)
                 if floor is None:
-                    floor = _end_now(consumer)
-                    self._floors.save(topic, floor)
+                    floor = _end_now(self._client, topic, consumer)
+                    if floor is not None:
+                        self._floors.save(topic, floor)
                 self._tails[topic] = InputTail(self._client, topic, self._floors, floor)
             return self._tails[topic]
 
