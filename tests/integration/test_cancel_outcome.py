@@ -5,31 +5,15 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
-from typing import Any, Dict
 
 import pulsar
-import yaml
 
-from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.tools.delayed_cli import EXIT_ALREADY_RELEASED, EXIT_NOT_KNOWN
 from support.cli import run_cli
-from support.paths import REPO
-
-
-def writer_config(tmp_path: Path, unique: str) -> Dict[str, Any]:
-    """The shipped writer config on this test's topics, written to tmp_path/writer.yaml."""
-    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer.yaml")
-    ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
-    cfg["output"] = f"persistent://public/default/released-{unique}"
-    cfg["name"] = f"writer-{unique}"
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickMode="runner", tickTimeMillis=200,
-                             schedulingTopic=f"persistent://public/default/sched-{unique}")
-    (tmp_path / "writer.yaml").write_text(yaml.safe_dump(cfg))
-    return cfg
+from support.writer import cli_writer_config
 
 
 def _cancel(ident: str, common: list, tmp_path) -> tuple:
@@ -39,7 +23,7 @@ def _cancel(ident: str, common: list, tmp_path) -> tuple:
 
 def test_cancel_reports_the_outcome_and_a_restart_reads_no_cancel_again(broker, tmp_path, unique, caplog):
     caplog.set_level(logging.INFO)
-    cfg = writer_config(tmp_path, unique)
+    cfg = cli_writer_config(tmp_path, unique)
     opts = LocalRunOptions(broker_service_url=broker.service_url, data_dir=tmp_path / "data")
     runner = LocalRunner(spec_from_config(cfg), opts).start()
     target = f"persistent://public/default/orders-{unique}"
@@ -91,7 +75,7 @@ def test_cancel_reports_the_outcome_and_a_restart_reads_no_cancel_again(broker, 
 
 
 def test_cancel_without_a_writer_says_so(broker, tmp_path, unique):
-    writer_config(tmp_path, unique)  # the config names a scheduling topic nothing reads
+    cli_writer_config(tmp_path, unique)  # the config names a scheduling topic nothing reads
     common = ["--service-url", broker.service_url, "--writer-config", str(tmp_path / "writer.yaml")]
     t0 = time.monotonic()
     res = run_cli("delayed", "cancel", "5:1", "--timeout", "1", *common, tmp_path=tmp_path)

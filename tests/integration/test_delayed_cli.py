@@ -3,36 +3,23 @@ before it connects to anything."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any, Dict, List
+from typing import List
 
 import pulsar
 import pytest
-import yaml
 
-from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
+from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from support.cli import assert_no_client_log_lines, assert_one_line_error, run_cli
 from support.helpers import wait_for
 from support.paths import REPO
-
-
-def writer_config(tmp_path: Path, unique: str) -> Dict[str, Any]:
-    cfg = load_function_config(REPO / "function-configs" / "bucket-snapshot-writer.yaml")
-    ticks = f"persistent://public/default/ticks-{unique}"
-    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}}
-    cfg["output"] = f"persistent://public/default/released-{unique}"
-    cfg["name"] = f"writer-{unique}"
-    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, tickMode="runner", tickTimeMillis=200,
-                             schedulingTopic=f"persistent://public/default/sched-{unique}")
-    (tmp_path / "writer.yaml").write_text(yaml.safe_dump(cfg))
-    return cfg
+from support.writer import cli_writer_config
 
 
 def test_send_and_cancel_through_a_running_writer(broker, tmp_path, unique):
-    cfg = writer_config(tmp_path, unique)
+    cfg = cli_writer_config(tmp_path, unique)
     runner = LocalRunner(spec_from_config(cfg), LocalRunOptions(broker_service_url=broker.service_url,
                                                                 data_dir=tmp_path / "data")).start()
     target = f"persistent://public/default/orders-{unique}"

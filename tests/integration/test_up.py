@@ -8,7 +8,7 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pulsar
 import pytest
@@ -141,7 +141,9 @@ def _config(tmp_path: Path, name: str, unique: str, edit: Dict[str, Any], user: 
     return path
 
 
-def test_up_on_an_external_broker(broker, tmp_path, unique):
+def _example_and_writer(tmp_path: Path, unique: str) -> Tuple[Path, Path]:
+    """The shipped example function and writer configs on this test's topics (in-/out-/ticks-/
+    sched-/released-<unique> in public/default)."""
     ns = "persistent://public/default"
     example = _config(tmp_path, "example-function", unique,
                       {"inputs": [f"{ns}/in-{unique}"], "output": f"{ns}/out-{unique}", "subName": f"ex-{unique}"})
@@ -149,6 +151,12 @@ def test_up_on_an_external_broker(broker, tmp_path, unique):
                      {"inputSpecs": {f"{ns}/ticks-{unique}": {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}},
                       "output": f"{ns}/released-{unique}"},
                      {"tickTopic": f"{ns}/ticks-{unique}", "schedulingTopic": f"{ns}/sched-{unique}"})
+    return example, writer
+
+
+def test_up_on_an_external_broker(broker, tmp_path, unique):
+    ns = "persistent://public/default"
+    example, writer = _example_and_writer(tmp_path, unique)
     up = UpProcess(tmp_path, "--broker-service-url", broker.service_url, "--function-config-file", str(example),
                    "--function-config-file", str(writer), "--data-dir", str(tmp_path / "data"))
     got: List[bytes] = []
@@ -202,12 +210,7 @@ def _scrape(url: str) -> Dict[str, Dict[str, float]]:
 @pytest.mark.lite_only("the endpoint is up's own, whatever the broker")
 def test_up_metrics_port_serves_every_function_with_the_writer_lateness(broker, tmp_path, unique):
     ns = "persistent://public/default"
-    example = _config(tmp_path, "example-function", unique,
-                      {"inputs": [f"{ns}/in-{unique}"], "output": f"{ns}/out-{unique}", "subName": f"ex-{unique}"})
-    writer = _config(tmp_path, "bucket-snapshot-writer", unique,
-                     {"inputSpecs": {f"{ns}/ticks-{unique}": {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}},
-                      "output": f"{ns}/released-{unique}"},
-                     {"tickTopic": f"{ns}/ticks-{unique}", "schedulingTopic": f"{ns}/sched-{unique}"})
+    example, writer = _example_and_writer(tmp_path, unique)
     up = UpProcess(tmp_path, "--broker-service-url", broker.service_url, "--function-config-file", str(example),
                    "--function-config-file", str(writer), "--data-dir", str(tmp_path / "data"), "--metrics-port", "0")
     writer_fqfn, example_fqfn = f"public/default/bucket-snapshot-writer-{unique}", f"public/default/example-function-{unique}"
