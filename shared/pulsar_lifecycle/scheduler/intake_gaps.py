@@ -35,9 +35,20 @@ durable; the broker dispatches an entry whole) above a *floor*, and reads what i
   consumer's after a broker restart). Refused (invalid) messages are left to the subscription
   (sending them to `-INVALID` again could duplicate one the previous process had sent).
 
+A new index (nothing added, nothing handled) gets a floor at its first start, before its consumer
+receives anything: the topic's last entry then, kept with the index id (`intake/start`), or the
+topic's beginning when it held no message (a Reader from the earliest message got none within
+START_LOOK_S: an empty topic is not asked its end, pulsar-lite logs an ERROR and a WARN for that).
+Never the earliest message of a topic that holds some: what lies there may have been acked for
+another index, and reading it would index it again; a Reader of this index never reads at or
+below that start entry. So a new index killed before its first durable batch has what it was
+handed after its start read at its restart. What was on the topic before the index first started
+and is held by a dead consumer still waits for the broker (pulsar-lite: until it restarts).
+A partitioned writer keeps this per partition, in the state of the partition's one owner (its
+lease), under the partition's index id.
+
 Only for a writer whose index is the sole one fed by the subscription: with several
-non-partitioned instances on one subscription, the others' messages would look like gaps. A new
-index (nothing added) has no floor: it reads nothing until its first restart. On Apache Pulsar
+non-partitioned instances on one subscription, the others' messages would look like gaps. On Apache Pulsar
 the reads find nothing (the broker redelivered everything already, and its consumer is not
 starved); they cost one Reader per start and per ledger change of the topic.
 """
@@ -53,7 +64,7 @@ import pulsar
 
 from ..bucket.positions import encode
 from ..clock import wall_clock_ms
-from ..readers import close_quietly, reader_at
+from ..readers import HoldsMessages, close_quietly, reader_at
 from ..topics import TopicName
 from .intake import Invalid, classify
 from .service import IntakeBatch, Pending
@@ -67,6 +78,11 @@ STATE_KEY = "intake/unresolved"
 # entry (the last entries were cancels or refusals, which add nothing): without it every start
 # read those again from the index's last entry and applied them again.
 HANDLED_KEY = "intake/handled"
+# A new index's floor, taken at its first start before anything was received: the topic's last
+# entry then (nothing at or below it is read by a Reader), or EMPTY for a topic without messages.
+START_KEY = "intake/start"
+EMPTY: Entry = (-1, -1)  # below every entry: the topic held no message when the index started
+START_LOOK_S = 1.0  # a Reader from the earliest message that gets none this long: the topic is empty
 CHECK_MIN_S, CHECK_MAX_S = 0.25, 5.0  # between looks at the topic's end (backing off while caught up)
 LAG_S = 0.5  # not at the end the topic had this long ago, without a full batch since: starved
 HOLE_GRACE_S = 0.25  # a hole open this long is read (Apache Pulsar fills one by redelivery within ms)
@@ -174,6 +190,18 @@ class IntakeGaps:
         kept = self._kept()
         if floor is not None and kept is not None and kept < floor:
             floor, complete = kept, False
+        start = self._kept(START_KEY)
+        if floor is None and start is not None:
+            floor, complete = start, True  # a new index killed before its first durable batch
+        # The start entry bounds every read from below while the floor is still there (module docstring).
+        self._start: Optional[Entry] = start if start is not None and floor == start else None
+        # Asked before a topic that may be empty is asked its end; shared with the stall watchdog.
+        self.holds = HoldsMessages(client, topic, found=floor is not None and floor != EMPTY)
+        # A new index: whether the topic is empty is looked at here, before the consumer subscribes
+        # (a message that comes later is above the floor); its end is asked before the first receive.
+        self._start_due = floor is None
+        if self._start_due:
+            self.holds.found = HoldsMessages(client, topic, wait_s=START_LOOK_S)()
         self.frontier = IntakeFrontier(floor)
         if complete:
             self.frontier.start_open = False
@@ -245,12 +273,43 @@ class IntakeGaps:
         except Exception as exc:  # a restart then reads those entries again (idempotent)
             log.warning("event=intake_gaps_state_write_failed topic=%s key=%s error=%r", self.topic, HANDLED_KEY, exc)
 
+    def _take_start(self, consumer: Any) -> None:
+        """A new index, before its consumer received anything: the topic's end now becomes its
+        floor, kept in the state (module docstring). Not known (the topic may hold messages but
+        could not be asked): no floor, as before."""
+        self._start_due = False
+        start = _last_entry(consumer) if self.holds.found else EMPTY
+        if start is None:
+            log.info("event=intake_gaps_no_start topic=%s reason='the topic holds messages but its end is not "
+                     "known: a new index has no floor until its first durable batch'", self.topic)
+            return
+        try:
+            self._state.put(START_KEY, f"{self._index_id} {start[0]}:{start[1]}".encode("ascii"))
+        except Exception as exc:  # without it a restart before the first durable batch has no floor
+            log.warning("event=intake_gaps_state_write_failed topic=%s key=%s error=%r", self.topic, START_KEY, exc)
+            return
+        self._start = start
+        self.frontier = IntakeFrontier(start)
+        self.frontier.start_open = False
+        log.info("event=intake_gaps_floor topic=%s floor=%s start=true", self.topic,
+                 "empty" if start == EMPTY else start)
+
+    @property
+    def handled_through(self) -> Optional[Entry]:
+        """The entry through which everything is handled (None: not known; the start floor of a
+        new index counts as none: what lies below it was not received)."""
+        f = self.frontier.frontier
+        if f is None or (self._start is not None and f <= self._start):
+            return None
+        return f
+
     # -- driven by the direct consumer (intake thread) -------------------------------------------
     def handled(self, entries: Sequence[Entry]) -> None:
         """Entries the consumer delivered, in a batch that is durable now."""
         furthest = max(entries, default=None)
         if furthest is not None and (self._delivered is None or furthest > self._delivered):
             self._delivered = furthest
+            self.holds.found = True
         self.frontier.handled(entries)
         self._persist()
 
@@ -262,6 +321,8 @@ class IntakeGaps:
         """Between batches: what the follower has, a hole, or what lies beyond the frontier when
         the consumer is idle or starved (module docstring). Returns the unseen messages read as
         an intake batch (its `ack` records the read once they are durable), or None."""
+        if self._start_due:
+            self._take_start(consumer)
         frontier = self.frontier.frontier
         now = time.monotonic()
         if frontier is None:
@@ -301,7 +362,8 @@ class IntakeGaps:
     # -- looking at the topic's end -----------------------------------------------------------------
     def _look(self, consumer: Any, now: float) -> Optional[Entry]:
         """The topic's last entry now (remembered for `_starved`); schedules the next look."""
-        end = _last_entry(consumer)
+        # A topic that was empty at the index's start is asked only once it holds a message.
+        end = _last_entry(consumer) if self.frontier.frontier != EMPTY or self.holds() else None
         frontier = self.frontier.frontier
         beyond = end is not None and frontier is not None and end > frontier
         self._check_s = CHECK_MIN_S if beyond or self._follower is not None else min(CHECK_MAX_S, self._check_s * 2)
@@ -396,7 +458,8 @@ class IntakeGaps:
 
     # -- shared ----------------------------------------------------------------------------------------
     def _reader_at(self, start: Entry) -> Any:
-        return reader_at(self._client, self.topic, start, partition=self._partition)
+        # EMPTY: the topic held nothing when the index started, so all of it came after.
+        return reader_at(self._client, self.topic, None if start == EMPTY else start, partition=self._partition)
 
     def _take(self, reader: Any, taken: "_Taken", stop: Optional[Entry], end: Optional[Entry], wait_ms: int) -> None:
         """Read from `reader` until the handled entry `stop`, past the topic's last entry `end`,
@@ -415,6 +478,8 @@ class IntakeGaps:
             current = taken.current
             if here < start or (current is not None and here < current):
                 continue  # a copy of one read before (pulsar-lite's Reader re-sends after a reconnect)
+            if self._start is not None and here <= self._start:
+                continue  # on the topic before the index started: the subscription's to hand out
             if here != current:
                 if current is not None:
                     taken.last_complete = current  # the Reader moved on: that entry was read whole

@@ -82,8 +82,9 @@ class SchedulingConsumer:
         self._consumer = self._subscribe(queue)
         self._acker = BackgroundAcker(f"bucket-ack-{sub.topic.rsplit('/', 1)[-1]}")
         # An idle topic that never held a message is not asked its end (readers.HoldsMessages).
+        holds = gaps.holds if gaps is not None else HoldsMessages(client, sub.topic)
         self.watchdog: Optional[StallWatchdog] = StallWatchdog(
-            sub.topic, self._subscribe, queue, holds_messages=HoldsMessages(client, sub.topic)) if watchdog else None
+            sub.topic, self._subscribe, queue, holds_messages=holds) if watchdog else None
 
     def _subscribe(self, receiver_queue_size: int) -> pulsar.Consumer:
         # Shared like the runtime's own input consumers (and the only type pulsar-lite gets right);
@@ -122,10 +123,11 @@ class SchedulingConsumer:
                     found = gaps.read_if_due(consumer, idle=True)
                     if found is not None:
                         return found
-                    if self.watchdog is not None and gaps.frontier.frontier is not None:
+                    through = gaps.handled_through
+                    if self.watchdog is not None and through is not None:
                         # Handled up to there (received, or read from a gap): nothing to wait for
                         # below it, so what a dead consumer holds there is no stall to re-subscribe for.
-                        self.watchdog.seen(*gaps.frontier.frontier)
+                        self.watchdog.seen(*through)
                 # Idle, and once everything received is acked: the moment to look for a stall.
                 if self.watchdog is not None and self._acker.idle:
                     new = self.watchdog.check(consumer)

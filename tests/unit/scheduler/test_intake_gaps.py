@@ -270,11 +270,43 @@ def test_a_gap_kept_for_another_index_is_ignored():
     assert g.frontier.frontier == (1, 10)
 
 
-def test_a_new_index_reads_no_gaps():
-    g, client, state = gaps_over(batch_entry(1, 0, 5), set(), last=None)
-    g.handled([(1, 3)])
-    assert g.read_if_due(FakeConsumer((1, 4)), idle=True) is None and not client.readers
-    assert state.data == {ig.HANDLED_KEY: b"idx1 1:3"}  # only where the next start begins
+def test_a_new_index_takes_the_topics_end_at_its_start_as_its_floor():
+    # Entries 0-4 were on the topic before the index started (acked for another index, say).
+    old = batch_entry(1, 0, 5)
+    g, client, state = gaps_over(old, set(), last=None)
+    assert len(client.readers) == 1  # the look whether the topic holds a message, before subscribing
+    assert g.read_if_due(FakeConsumer((1, 4)), idle=True) is None  # before the first receive
+    assert state.data[ig.START_KEY] == b"idx1 1:4" and g.frontier.frontier == (1, 4)
+    assert g.handled_through is None  # nothing below the start floor was received
+    # Killed before its first durable batch, with entries 5 and 6 held by its dead consumer.
+    held = old + batch_entry(1, 5, 2) + batch_entry(1, 6, 1)
+    again, client, _ = gaps_over(held, set(), last=None, state=state)
+    assert again.frontier.frontier == (1, 4) and not again.frontier.unresolved
+    batch = again.read_if_due(FakeConsumer((1, 6)), idle=True)
+    assert batch is not None
+    assert [p.payload for p in batch.items] == [b"1:5:0", b"1:5:1", b"1:6:0"]  # nothing at or below (1, 4)
+    batch.ack()
+    assert again.frontier.frontier == (1, 6) and again.handled_through == (1, 6)
+
+
+def test_a_new_index_on_an_empty_topic_reads_from_its_beginning_after_a_restart():
+    g, client, state = gaps_over([], set(), last=None)
+    assert g.read_if_due(FakeConsumer((1, 0)), idle=True) is None
+    assert state.data[ig.START_KEY] == b"idx1 -1:-1" and g.frontier.frontier == ig.EMPTY
+    held = batch_entry(3, 0, 2)
+    again, client, _ = gaps_over(held, set(), last=None, state=state)
+    batch = again.read_if_due(FakeConsumer((3, 0)), idle=True)
+    assert batch is not None and len(batch.items) == 2
+    other = FakeState()
+    other.data[ig.START_KEY] = b"idx0 -1:-1"  # another index's start: a new start is taken
+    fresh, _, st = gaps_over(held, set(), last=None, state=other)
+    assert fresh.read_if_due(FakeConsumer((3, 0)), idle=True) is None and st.data[ig.START_KEY] == b"idx1 3:0"
+
+
+def test_an_index_with_a_floor_takes_no_start():
+    g, client, state = gaps_over(batch_entry(1, 10, 1), {(1, encode(10, 0))}, last=(1, 10))
+    g.read_if_due(FakeConsumer((1, 10)), idle=True)
+    assert ig.START_KEY not in state.data
 
 
 def test_a_restart_reads_nothing_the_last_run_handled_beyond_its_last_add():
