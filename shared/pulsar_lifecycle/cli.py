@@ -181,20 +181,24 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
     )
     rotation = ClientLogRotation(Path(route_client_log(Path(data_dir) / "pulsar-client.log"))).start()
     runner = LocalRunner(spec, opts)
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        log.info("event=signal_received signal=%d", signum)
+        runner._stop.set()
+
+    # The graceful handler is in place before the start: a SIGTERM while the broker and the
+    # instances start (seconds on a loaded machine) lets the start finish and then stops in
+    # order, instead of unwinding out of it with the broker and clients still open.
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
     try:
         runner.start()
     except Exception as exc:
         runner.stop()  # whatever started (broker, clients) is closed in order before exiting
         log.debug("localrun start failed", exc_info=True)
         raise click.ClickException(f"cannot start {spec.fqfn}: {one_line_error(exc)}") from exc
-    click.echo(f"running {spec.fqfn} ({spec.class_name}) on {runner.service_url}; Ctrl-C stops", err=True)
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        log.info("event=signal_received signal=%d", signum)
-        runner._stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    if not runner._stop.is_set():
+        click.echo(f"running {spec.fqfn} ({spec.class_name}) on {runner.service_url}; Ctrl-C stops", err=True)
     runner.wait(run_seconds)
     runner.stop()
     rotation.stop()

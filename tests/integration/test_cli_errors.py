@@ -170,3 +170,25 @@ def test_second_localrun_on_the_same_data_dir_is_one_line_naming_the_holder(tmp_
         first.send_signal(signal.SIGTERM)
         assert first.wait(timeout=60) == 0
     assert os.path.exists(tmp_path / "data" / "broker" / "pulsar-lite.log")
+
+
+def test_localrun_sigterm_while_starting_stops_in_order(tmp_path):
+    """A SIGTERM that lands while localrun still starts (its broker listens, the instances do not
+    run yet) waits for the start and stops in order: exit 0, the embedded broker gone with it."""
+    good = tmp_path / "good.yaml"
+    good.write_text((ROOT / "function-configs" / "example-function.yaml").read_text())
+    port = free_port()
+    with open(tmp_path / "run.log", "wb") as log:
+        run = subprocess.Popen([*CLI, "localrun", "--function-config-file", str(good), "--data-dir", "data",
+                                "--embedded-broker-port", str(port)], cwd=tmp_path, stdout=log, stderr=log,
+                               stdin=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: port_open("127.0.0.1", port), timeout=30, interval=0.01)
+        run.send_signal(signal.SIGTERM)
+        rc = run.wait(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    assert rc == 0, (tmp_path / "run.log").read_text()[-3000:]
+    assert wait_for(lambda: not port_open("127.0.0.1", port), timeout=10)
