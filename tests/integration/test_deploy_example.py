@@ -215,7 +215,7 @@ def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, deploy
 
         log = real_worker.instance_log_text(writer, 0)
         assert f"event=bucket_index_location storage=bookkeeper at={state_url}" in log, log[-3000:]
-        (argv,) = real_worker.instance_processes(writer, 0).values()
+        _pid, argv = real_worker.instance_process(writer, 0)
         assert argv[0] == "python3" and "--state_storage_serviceurl" in argv, argv
         assert not (Path(_argument(argv, "--py")).parent / "buckets").exists()
         index_id, followed = _index_on_the_table_service(state_url, writer)
@@ -551,7 +551,7 @@ def test_a_worker_without_function_state_names_the_key_to_set(tmp_path: Path, un
         fqfn = f"public/default/{cfg['name']}"
         worker.admin.create(wheel, path)
         worker.admin.wait_running(fqfn, 1, timeout_s=180)
-        (argv,) = worker.instance_processes(fqfn, 0).values()
+        _pid, argv = worker.instance_process(fqfn, 0)
         assert "--state_storage_serviceurl" not in argv, argv
         _send_one(standalone.service_url, cfg)
         _wait_refused(worker, fqfn, _documented_no_state_error())

@@ -107,6 +107,9 @@ def start_worker_standalone(data_dir: Path, liveness_check_ms: int = LIVENESS_CH
     return standalone
 
 
+# What a worker that is not (yet) the leader answers a create with (FunctionsImpl, HTTP 503).
+LEADER_NOT_READY = "Leader not yet ready"
+
 def wait_worker_ready(admin_url: str, timeout_s: float = 180) -> None:
     """Until the worker answers `functions list` (it refuses with 503 while it initializes)."""
     deadline = time.monotonic() + timeout_s
@@ -154,7 +157,13 @@ class PulsarAdmin:
         """A `pulsar-admin` script in `bin_dir` running this CLI, for commands run as a shell runs them."""
         bin_dir.mkdir(parents=True, exist_ok=True)
         shim = bin_dir / "pulsar-admin"
-        shim.write_text("#!/bin/sh\nexec " + " ".join(shlex.quote(a) for a in self.command()) + ' "$@"\n')
+        # Like create(): retried (bounded) while a fresh worker answers "Leader not yet ready".
+        # Its output comes out on stdout, stderr included.
+        shim.write_text(
+            "#!/bin/sh\ntries=0\nwhile :; do\n"
+            f"  out=$({' '.join(shlex.quote(a) for a in self.command())} \"$@\" 2>&1); rc=$?\n"
+            f'  case "$out" in *"{LEADER_NOT_READY}"*) if [ "$tries" -lt 120 ]; then tries=$((tries + 1)); sleep 1; continue; fi;; esac\n'
+            '  [ -n "$out" ] && printf \'%s\\n\' "$out"\n  exit "$rc"\ndone\n')
         shim.chmod(0o755)
         return shim
 
@@ -172,10 +181,24 @@ class PulsarAdmin:
         tenant, namespace, name = fqfn.split("/")
         return ["--tenant", tenant, "--namespace", namespace, "--name", name]
 
-    def create(self, py: Path, config_file: Path, *extra: str) -> str:
-        """`functions create --py PY --function-config-file CONFIG [EXTRA]`: its output line."""
-        return self.run("functions", "create", "--py", str(py), "--function-config-file", str(config_file),
-                        *extra).stdout.strip()
+    def create(self, py: Path, config_file: Path, *extra: str, leader_wait_s: float = 120.0) -> str:
+        """`functions create --py PY --function-config-file CONFIG [EXTRA]`: its output line.
+
+        Retried, as the worker asks, while it answers "Leader not yet ready": a fresh worker
+        answers `functions list` before its leader service has taken the leadership, and only
+        the leader accepts a new function."""
+        args = ["functions", "create", "--py", str(py), "--function-config-file", str(config_file), *extra]
+        deadline = time.monotonic() + leader_wait_s
+        while True:
+            res = self.run(*args, check=False)
+            if res.returncode == 0 or LEADER_NOT_READY not in res.stdout + res.stderr \
+                    or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        if res.returncode != 0:
+            raise AssertionError(f"pulsar-admin {' '.join(args)} exited {res.returncode}:\n"
+                                 f"{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        return res.stdout.strip()
 
     def update(self, fqfn: str, *extra: str) -> str:
         """`functions update --tenant T --namespace N --name X EXTRA` (e.g. --user-config JSON)."""
@@ -279,12 +302,25 @@ class RealWorker:
         """The live processes of one instance the worker started (by their command line)."""
         return sorted(self.instance_processes(fqfn, instance_id))
 
+    def instance_process(self, fqfn: str, instance_id: int, timeout_s: float = 60.0) -> Tuple[int, List[str]]:
+        """(pid, command line) of the one live process of an instance, waiting (bounded) while
+        there are none or two: on a loaded machine the worker's liveness check can start an
+        instance again (its health checks missed) while the process it replaces still exits."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            found = self.instance_processes(fqfn, instance_id)
+            if len(found) == 1:
+                return next(iter(found.items()))
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{fqfn} instance {instance_id}: {len(found)} processes after {timeout_s:.0f} s: "
+                                     + "; ".join(f"{pid}: {' '.join(argv)[:300]}" for pid, argv in found.items()))
+            time.sleep(0.5)
+
     def kill_instance(self, fqfn: str, instance_id: int, sig: int = signal.SIGKILL) -> int:
         """Signal the one process of an instance; its pid."""
-        pids = self.instance_pids(fqfn, instance_id)
-        assert len(pids) == 1, f"{fqfn} instance {instance_id}: processes {pids}"
-        os.kill(pids[0], sig)
-        return pids[0]
+        pid, _argv = self.instance_process(fqfn, instance_id)
+        os.kill(pid, sig)
+        return pid
 
 
 def _instance_processes() -> Iterator[Tuple[int, List[str]]]:
