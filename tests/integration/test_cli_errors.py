@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Tuple
 
 import pytest
 import yaml
@@ -152,14 +153,21 @@ def test_writer_localrun_exits_zero_on_sigterm_after_a_broker_restart(tmp_path, 
 # -- item 5: a second localrun on the same data dir ----------------------------------------------
 
 @pytest.mark.integration
-def test_second_localrun_on_the_same_data_dir_is_one_line_naming_the_holder(tmp_path):
+def _start_example_localrun(tmp_path: Path, log_name: str) -> Tuple[Path, int, subprocess.Popen]:
+    """(config, broker port, process): the shipped example function under `localrun` in tmp_path,
+    data dir `data`, its embedded broker on a free port, output to tmp_path/<log_name>."""
     good = tmp_path / "good.yaml"
     good.write_text((ROOT / "function-configs" / "example-function.yaml").read_text())
     port = free_port()
-    with open(tmp_path / "first.log", "wb") as log:
-        first = subprocess.Popen([*CLI, "localrun", "--function-config-file", str(good), "--data-dir", "data",
-                                  "--embedded-broker-port", str(port)], cwd=tmp_path, stdout=log, stderr=log,
-                                 stdin=subprocess.DEVNULL)
+    with open(tmp_path / log_name, "wb") as log:
+        proc = subprocess.Popen([*CLI, "localrun", "--function-config-file", str(good), "--data-dir", "data",
+                                 "--embedded-broker-port", str(port)], cwd=tmp_path, stdout=log, stderr=log,
+                                stdin=subprocess.DEVNULL)
+    return good, port, proc
+
+
+def test_second_localrun_on_the_same_data_dir_is_one_line_naming_the_holder(tmp_path):
+    good, port, first = _start_example_localrun(tmp_path, "first.log")
     try:
         assert wait_for(lambda: port_open("127.0.0.1", port), timeout=30)
         res = run_cli("localrun", "--function-config-file", str(good), "--data-dir", "data", cwd=tmp_path)
@@ -175,13 +183,7 @@ def test_second_localrun_on_the_same_data_dir_is_one_line_naming_the_holder(tmp_
 def test_localrun_sigterm_while_starting_stops_in_order(tmp_path):
     """A SIGTERM that lands while localrun still starts (its broker listens, the instances do not
     run yet) waits for the start and stops in order: exit 0, the embedded broker gone with it."""
-    good = tmp_path / "good.yaml"
-    good.write_text((ROOT / "function-configs" / "example-function.yaml").read_text())
-    port = free_port()
-    with open(tmp_path / "run.log", "wb") as log:
-        run = subprocess.Popen([*CLI, "localrun", "--function-config-file", str(good), "--data-dir", "data",
-                                "--embedded-broker-port", str(port)], cwd=tmp_path, stdout=log, stderr=log,
-                               stdin=subprocess.DEVNULL)
+    _good, port, run = _start_example_localrun(tmp_path, "run.log")
     try:
         assert wait_for(lambda: port_open("127.0.0.1", port), timeout=30, interval=0.01)
         run.send_signal(signal.SIGTERM)
