@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
 from ..config.settings import defaults_of
 from ..up_manifest import running_function
 from .config import DeletionConfig
@@ -70,15 +69,12 @@ def worker_terms(worker_config: Optional[str], data_dir: str, service_url: Optio
             where = "up's embedded broker" if running.embedded else service_url
             return WorkerTerms(f"the LedgerDeletionWorker `up` runs on {where} ({running.config})",
                                running.user_config, running.embedded)
-    path = worker_config or (DEFAULT_WORKER_CONFIG if Path(DEFAULT_WORKER_CONFIG).is_file() else None)
-    if path is None:
+    from ..cli_args import function_config_option
+
+    found = function_config_option(worker_config, DEFAULT_WORKER_CONFIG, "--worker-config")
+    if found is None:
         return None
-    if not Path(path).is_file():
-        raise click.BadParameter(f"{path} not found", param_hint="--worker-config")
-    try:
-        spec = spec_from_config(load_function_config(path))
-    except FunctionConfigError as exc:
-        raise click.BadParameter(f"{path}: {exc}", param_hint="--worker-config") from exc
+    path, spec = found
     if spec.class_name != WORKER_CLASS:
         raise click.BadParameter(f"{path} is a {spec.class_name} config, not a LedgerDeletionWorker's",
                                  param_hint="--worker-config")

@@ -18,7 +18,14 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from ..cli_args import check_service_url, check_topic, format_ms, parse_duration_ms, parse_time_ms
+from ..cli_args import (
+    check_service_url,
+    check_topic,
+    format_ms,
+    function_config_option,
+    parse_duration_ms,
+    parse_time_ms,
+)
 from ..clock import wall_clock_ms
 from ..scheduling_protocol import MessageRef, ProtocolError
 from ..topics import partition_name
@@ -47,24 +54,21 @@ class WriterTerms:
 def writer_terms(writer_config: Optional[str], scheduling_topic: Optional[str]) -> WriterTerms:
     """The terms from the writer's function config (the shipped one by default) and/or
     --scheduling-topic; click.BadParameter when neither names a scheduling topic."""
-    from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
     from ..config.settings import defaults_of
     from ..scheduler.config import WriterConfig, parse_writer_config, scheduling_input
 
-    path = writer_config or (DEFAULT_WRITER_CONFIG if Path(DEFAULT_WRITER_CONFIG).is_file() else None)
-    if path is None:
+    found = function_config_option(writer_config, DEFAULT_WRITER_CONFIG, "--writer-config")
+    if found is None:
         if not scheduling_topic:
             raise click.BadParameter(f"no writer config ({DEFAULT_WRITER_CONFIG} is not here): give "
                                      "--writer-config or --scheduling-topic", param_hint="--scheduling-topic")
         max_s = int(defaults_of(WriterConfig)["maxDelaySeconds"])
         return WriterTerms(check_topic("--scheduling-topic", scheduling_topic), max_s * 1000, ())
-    if not Path(path).is_file():
-        raise click.BadParameter(f"{path} not found", param_hint="--writer-config")
+    path, spec = found
     try:
-        spec = spec_from_config(load_function_config(path))
         topic, _direct = scheduling_input(spec.inputs, spec.user_config or {})
         cfg = parse_writer_config(spec.user_config or {}, topic=topic)
-    except (FunctionConfigError, ValueError) as exc:
+    except ValueError as exc:
         raise click.BadParameter(f"{path}: not a BucketSnapshotWriter config: {exc}", param_hint="--writer-config") from exc
     chosen = check_topic("--scheduling-topic", scheduling_topic) if scheduling_topic else topic
     return WriterTerms(chosen, cfg.max_delay_seconds * 1000, tuple(cfg.allowed_target_prefixes))
@@ -87,19 +91,17 @@ class SyncerTerms:
 def syncer_terms(syncer_config: Optional[str]) -> Optional[SyncerTerms]:
     """The terms from the syncer's function config (the shipped one by default; None when it is
     not here or `--syncer-config none`); click.BadParameter when it is not a syncer config."""
-    from ..config.function_config import FunctionConfigError, load_function_config, spec_from_config
     from ..delaylevel.config import parse_syncer_config
 
     if syncer_config is not None and syncer_config.lower() == "none":
         return None
-    path = syncer_config or (DEFAULT_SYNCER_CONFIG if Path(DEFAULT_SYNCER_CONFIG).is_file() else None)
-    if path is None:
+    found = function_config_option(syncer_config, DEFAULT_SYNCER_CONFIG, "--syncer-config")
+    if found is None:
         return None
-    if not Path(path).is_file():
-        raise click.BadParameter(f"{path} not found", param_hint="--syncer-config")
+    path, spec = found
     try:
-        cfg = parse_syncer_config(spec_from_config(load_function_config(path)).user_config or {})
-    except (FunctionConfigError, ValueError) as exc:
+        cfg = parse_syncer_config(spec.user_config or {})
+    except ValueError as exc:
         raise click.BadParameter(f"{path}: not a DelayLevelSyncer config: {exc}", param_hint="--syncer-config") from exc
     return SyncerTerms(cfg.delay_level_topic, cfg.strategy,
                        cfg.scheduling_topic if cfg.near_term_backend == "scheduler" else "")
