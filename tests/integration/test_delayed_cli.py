@@ -3,7 +3,6 @@ before it connects to anything."""
 from __future__ import annotations
 
 import time
-from typing import List
 
 import pulsar
 import pytest
@@ -13,7 +12,7 @@ from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from support.cli import assert_no_client_log_lines, assert_one_line_error, run_cli
-from support.helpers import wait_for
+from support.helpers import receive_until
 from support.paths import REPO
 from support.writer import cli_writer_config
 
@@ -42,19 +41,10 @@ def test_send_and_cancel_through_a_running_writer(broker, tmp_path, unique):
                 dropped_at = time.monotonic() + 8
                 res = run_cli("delayed", "cancel", ids["drop"], *common, tmp_path=tmp_path)
                 assert res.returncode == 0 and "cancelled" in res.stdout, res.stderr[-2000:]
-        got: List[pulsar.Message] = []
-
-        def received() -> bool:
-            try:
-                m = consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                return False
-            consumer.acknowledge(m)
-            got.append(m)
-            return len(got) >= 2
-        assert wait_for(received, timeout=60, interval=0), [m.data() for m in got]
+        got = receive_until(consumer, 60, lambda got: len(got) >= 2)
+        assert len(got) == 2, [m.data() for m in got]
         # give the cancelled message its turn and some more: it must not come
-        wait_for(lambda: received() and False, timeout=max(0.0, dropped_at - time.monotonic()) + 4, interval=0)
+        got += receive_until(consumer, max(0.0, dropped_at - time.monotonic()) + 4, lambda _got: False)
         by_payload = {m.data(): m for m in got}
         assert sorted(by_payload) == [b"\x00binary\xff", b"keep-1"], sorted(by_payload)
         first = by_payload[b"keep-1"]

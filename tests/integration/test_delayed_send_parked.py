@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict
 
 import pulsar
 import yaml
@@ -17,7 +17,7 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, RELEASED_AT_PROP
 from support.cli import run_cli
-from support.helpers import wait_for
+from support.helpers import receive_until
 from support.paths import REPO
 
 NS = "persistent://public/default"
@@ -70,17 +70,7 @@ def test_long_delays_park_on_the_syncers_topic_and_cancel_through_it(broker, tmp
         drop_due = time.time() + 7
         res = run_cli("delayed", "cancel", ids["drop"], *common, tmp_path=tmp_path)
         assert res.returncode == 0 and "cancel sent to" in res.stdout and "-CANCEL" in res.stdout, res.stderr[-2000:]
-        got: List[pulsar.Message] = []
-
-        def received() -> bool:
-            try:
-                m = consumer.receive(timeout_millis=200)
-            except pulsar.Timeout:
-                return False
-            consumer.acknowledge(m)
-            got.append(m)
-            return False
-        wait_for(lambda: received() or (len(got) >= 2 and time.time() > drop_due + 3), timeout=60, interval=0)
+        got = receive_until(consumer, 60, lambda got: len(got) >= 2 and time.time() > drop_due + 3)
     finally:
         consumer.close()
         client.close()

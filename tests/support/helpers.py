@@ -77,18 +77,26 @@ def shipped_writer_spec(unique: str, prefix: str, **user):
     return spec_from_config(cfg), sched
 
 
-def receive_payloads(consumer: pulsar.Consumer, want: int, timeout: float) -> List[str]:
-    """Payloads (decoded) from an open consumer, acked, until `want` or `timeout` seconds."""
-    got: List[str] = []
+def receive_until(consumer: pulsar.Consumer, timeout: float,
+                  until: Callable[[List[pulsar.Message]], bool]) -> List[pulsar.Message]:
+    """Messages from an open consumer, each acked, until `until(received so far)` holds or `timeout`
+    seconds pass (whichever first); `until` is asked after every receive attempt, so a condition on
+    the clock ends the wait even when nothing arrives."""
+    got: List[pulsar.Message] = []
     deadline = time.monotonic() + timeout
-    while len(got) < want and time.monotonic() < deadline:
+    while not until(got) and time.monotonic() < deadline:
         try:
             m = consumer.receive(timeout_millis=200)
         except pulsar.Timeout:
             continue
-        got.append(m.data().decode())
         consumer.acknowledge(m)
+        got.append(m)
     return got
+
+
+def receive_payloads(consumer: pulsar.Consumer, want: int, timeout: float) -> List[str]:
+    """Payloads (decoded) from an open consumer, acked, until `want` or `timeout` seconds."""
+    return [m.data().decode() for m in receive_until(consumer, timeout, lambda got: len(got) >= want)]
 
 
 def stop_process(proc: "subprocess.Popen[bytes]", sig: int = signal.SIGINT, timeout: float = 30.0) -> int:
