@@ -35,9 +35,9 @@ import pyarrow.parquet as pq
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "shared"))
 
-from pulsar_lifecycle.spark.orphans_audit import AuditConfig, run_audit  # noqa: E402
-from pulsar_lifecycle.spark.orphans_job import default_export_coverage  # noqa: E402
-from pulsar_lifecycle.spark.orphans_state import ScanStateDir  # noqa: E402
+from pulsar_lifecycle.spark.orphans.driver import AuditConfig, run_audit  # noqa: E402
+from pulsar_lifecycle.spark.orphans.driver_frames import default_export_coverage  # noqa: E402
+from pulsar_lifecycle.spark.orphans.state import ScanStateDir  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
 from pulsar_lifecycle.spark.session import get_spark  # noqa: E402
 

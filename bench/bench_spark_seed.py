@@ -51,10 +51,10 @@ from pulsar_lifecycle.scheduler.wake import send_wake_tick  # noqa: E402
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP  # noqa: E402
 from pulsar_lifecycle.spark.backlog import EXPORT_SCHEMA, as_properties, classify_row  # noqa: E402
 from pulsar_lifecycle.spark.progress import JobProgress  # noqa: E402
-from pulsar_lifecycle.spark.seed import run_seed  # noqa: E402
+from pulsar_lifecycle.spark.seed.driver import run_seed  # noqa: E402
 from pulsar_lifecycle.spark.session import get_spark  # noqa: E402
 from pulsar_lifecycle.spark.settings import writer_settings  # noqa: E402
-from pulsar_lifecycle.spark.verify import run_verify  # noqa: E402
+from pulsar_lifecycle.spark.verify.driver import run_verify  # noqa: E402
 
 HOUR_MS = 3_600_000
 
@@ -217,8 +217,8 @@ def recover_first_release(store: Path) -> Dict[str, Any]:
 def executor_cpu(work: Path, rows: int) -> None:
     """CPU time per row of what one Spark task does for one bucket (no Spark, no writes)."""
     from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
-    from pulsar_lifecycle.spark.seed import ROW_COLUMNS
-    from pulsar_lifecycle.spark.seeding import build_bucket
+    from pulsar_lifecycle.spark.backlog import ROW_COLUMNS
+    from pulsar_lifecycle.spark.seed.executor_bucket import build_bucket
 
     shutil.rmtree(work, ignore_errors=True)
     generate(work / "export", rows, max(1, rows // 50_000), 24 * HOUR_MS, int(time.time() * 1000), 1)
@@ -241,7 +241,8 @@ def spark_plan_only(spark: Any, export: Path, config: BucketConfig) -> Dict[str,
     from pyspark.sql import functions as F
 
     from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
-    from pulsar_lifecycle.spark.seed import MAX_PARTITIONS, ROW_COLUMNS, partition_keys, place_buckets, read_backlog
+    from pulsar_lifecycle.spark.backlog import ROW_COLUMNS, read_backlog
+    from pulsar_lifecycle.spark.seed.driver import MAX_PARTITIONS, partition_keys, place_buckets
 
     df = read_backlog(spark, [str(export)])
     counts = sorted((int(r["ledger_id"]), int(r["n"]))

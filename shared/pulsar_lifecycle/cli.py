@@ -39,7 +39,7 @@ OPTIONAL_GROUPS = {
     "deletion": ("pulsar_lifecycle.deletion.cli", "deletion"),
     "demo": ("pulsar_lifecycle.demo", "demo"),
     "spark": ("pulsar_lifecycle.spark.cli", "spark"),
-    "export-backlog": ("pulsar_lifecycle.spark.export_cli", "export_backlog"),
+    "export-backlog": ("pulsar_lifecycle.spark.export.cli", "export_backlog"),
     "inspect": ("pulsar_lifecycle.tools.inspect_cli", "inspect_group"),
     "delayed": ("pulsar_lifecycle.tools.delayed_cli", "delayed"),
     "up": ("pulsar_lifecycle.tools.up_cli", "up"),

@@ -28,7 +28,7 @@ from pulsar_lifecycle.dedup import recovery
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of
-from pulsar_lifecycle.spark.export import export_backlog, part_files
+from pulsar_lifecycle.spark.export.driver import export_backlog, part_files
 from pulsar_lifecycle.subscribe import skip_consumer_ids
 from support.broker_fixtures import kind_of
 
@@ -318,7 +318,7 @@ def test_consumers_of_a_killed_process_on_many_topics(broker, unique, record_pro
     """A process with one consumer on each of 10 topics is SIGKILLed; a new client subscribes the
     same subscriptions with the same consumer ids (0..9). pulsar-lite sometimes refuses them while
     it still holds the dead connection's consumers ("Consumer N already exists": the subscribe
-    times out) and may keep what they prefetched (bench/repro_pulsar_lite_dead_consumer.py). The
+    times out) and may keep what they prefetched (test_a_reset_connections_consumers_stay_registered). The
     runtime's subscribe retry and the syncer's rotated subscribe order exist for that. Real
     Pulsar accepts every subscribe at once and redelivers everything."""
     n_topics, per_topic = 10, 300

@@ -22,10 +22,10 @@ from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.service import RELEASED_AT_PROP
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ORIGIN_MSG_ID_PROP
-from pulsar_lifecycle.spark.export import export_backlog, part_files
+from pulsar_lifecycle.spark.export.driver import export_backlog, part_files
 from pulsar_lifecycle.spark.progress import JobProgress
 from pulsar_lifecycle.spark.settings import writer_settings
-from pulsar_lifecycle.spark.verify import run_verify
+from pulsar_lifecycle.spark.verify.driver import run_verify
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from support.helpers import drain, wait_for
 from support.paths import REPO

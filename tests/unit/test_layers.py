@@ -6,7 +6,11 @@ under `if TYPE_CHECKING:` are left out: they never run). The build fails on
 * an import from a lower layer to a higher one (LAYERS below, longest prefix wins);
 * a function-level import of the package's own modules not listed in LAZY_IMPORTS with a reason;
 * a pure engine module importing Pulsar I/O (the `pulsar` client or an adapter);
-* two classes with the same name in different modules (one name, one meaning).
+* two classes with the same name in different modules (one name, one meaning);
+* in the offline pipeline (pulsar_lifecycle.spark, SPARK_JOBS below): a module whose side its name
+  does not say, an executor module (or a pure piece of a job) that imports PySpark or the driver
+  side, a job package importing another job's modules, a shared piece importing a job, or a
+  command module that imports PySpark when it is loaded.
 """
 from __future__ import annotations
 
@@ -81,10 +85,10 @@ _CLI = ("CLI command bodies import their implementation when the command runs, s
 LAZY_IMPORTS: Dict[str, str] = {
     "pulsar_lifecycle.cli": _CLI,
     "pulsar_lifecycle.deletion.cli": _CLI,
-    "pulsar_lifecycle.spark.export_cli": _CLI,
-    "pulsar_lifecycle.spark.seed_cli": _CLI,
-    "pulsar_lifecycle.spark.verify_cli": _CLI,
-    "pulsar_lifecycle.spark.orphans_cli": _CLI,
+    "pulsar_lifecycle.spark.export.cli": _CLI,
+    "pulsar_lifecycle.spark.seed.cli": _CLI,
+    "pulsar_lifecycle.spark.verify.cli": _CLI,
+    "pulsar_lifecycle.spark.orphans.cli": _CLI,
     "pulsar_lifecycle.tools.inspect_cli": _CLI,
     "pulsar_lifecycle.tools.delayed_cli": _CLI,
     "pulsar_lifecycle.tools.up_cli": _CLI,
@@ -94,6 +98,15 @@ LAZY_IMPORTS: Dict[str, str] = {
     "pulsar_lifecycle.scheduler.factory": "two-phase snapshot deletion: the deletion service pulls in requests and "
                                           "the admin client (~0.1 s of every writer start), loaded only when used",
 }
+
+# The offline pipeline: one package per job under pulsar_lifecycle.spark, the pieces they share
+# beside them. In a job package a module's name says where it runs: `cli` (the command, loaded
+# with the CLI), `driver` / `driver_*` (the Spark driver), `executor` / `executor_*` (Spark tasks'
+# Python workers); any other name is a pure piece either side may use.
+SPARK = "pulsar_lifecycle.spark"
+SPARK_JOBS = ("export", "seed", "verify", "orphans")
+SPARK_IMPORTS = ("pyspark", "py4j")
+
 
 # Class names defined in more than one module on purpose, with the reason.
 SAME_NAME_ALLOWED: Dict[str, str] = {}
@@ -308,3 +321,116 @@ def test_no_test_module_imports_another() -> None:
             bad += [f"{path.relative_to(tests_dir)}:{node.lineno} imports {n}"  # type: ignore[attr-defined]
                     for n in names if n.split(".")[-1].startswith("test_")]
     assert bad == [], "helpers belong in fixture/support modules: " + "; ".join(bad)
+
+
+def spark_side(module: str) -> str:
+    """'cli', 'driver', 'executor' or 'pure' for a module of a Spark job package; 'shared' for the
+    pieces beside the job packages."""
+    parts = module.split(".")
+    if len(parts) < 3 or parts[2] not in SPARK_JOBS:
+        return "shared"
+    name = parts[3] if len(parts) > 3 else "__init__"  # a job package's __init__ is a pure piece
+    for side in ("cli", "driver", "executor"):
+        if name == side or name.startswith(side + "_"):
+            return side
+    return "pure"
+
+
+def _third_party_imports(path: Path, module_level_only: bool) -> List[Tuple[int, str]]:
+    """(line, top-level name) of every absolute import in the file, or only those at module level."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    nodes = [n for n in tree.body if not _is_type_checking(n)] if module_level_only else list(ast.walk(tree))
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module.split(".")[0]))
+    return found
+
+
+def _own_closure(start: str, edges: List[Edge], module_level_only: bool) -> Set[str]:
+    graph: Dict[str, Set[str]] = defaultdict(set)
+    for e in edges:
+        if not (module_level_only and e.function_level):
+            graph[e.source].add(e.target)
+    seen, todo = {start}, [start]
+    while todo:
+        for t in graph[todo.pop()]:
+            if t not in seen:
+                seen.add(t)
+                todo.append(t)
+    return seen
+
+
+def _spark_job(module: str) -> str:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "spark" and parts[2] in SPARK_JOBS else ""
+
+
+def test_spark_job_packages_exist() -> None:
+    mods, _ = import_graph()
+    jobs = {m.split(".")[2] for m in mods if m.startswith(SPARK + ".") and mods[m][1] and m.count(".") == 2}
+    assert jobs == set(SPARK_JOBS), f"job packages under {SPARK}: {sorted(jobs)}; update SPARK_JOBS"
+
+
+def test_spark_executor_side_imports_no_pyspark_and_no_driver() -> None:
+    """Executor modules and a job's pure pieces run where PySpark is not imported: no PySpark in
+    them, and nothing they import (at any depth) is a command, a driver module or imports PySpark
+    when loaded."""
+    mods, edges = import_graph()
+    loads_spark = {m for m, (path, _) in mods.items()
+                   if any(name in SPARK_IMPORTS for _, name in _third_party_imports(path, True))}
+    bad = []
+    for mod, (path, _) in mods.items():
+        if not _spark_job(mod) or spark_side(mod) not in ("executor", "pure"):
+            continue
+        bad += [f"{mod}:{line} imports {name}" for line, name in _third_party_imports(path, False)
+                if name in SPARK_IMPORTS]
+        for dep in sorted(_own_closure(mod, edges, False) - {mod}):
+            if _spark_job(dep) and spark_side(dep) in ("cli", "driver"):
+                bad.append(f"{mod} ({spark_side(mod)}) imports {dep} ({spark_side(dep)} side)")
+            elif dep in loads_spark:
+                bad.append(f"{mod} ({spark_side(mod)}) imports {dep}, which imports PySpark when loaded")
+    assert bad == [], "\n".join(bad)
+
+
+def test_spark_jobs_import_each_other_only_through_the_shared_pieces() -> None:
+    _, edges = import_graph()
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in edges
+           if e.source.startswith(SPARK + ".") and e.target.startswith(SPARK + ".")
+           and _spark_job(e.target) and _spark_job(e.source) != _spark_job(e.target)]
+    assert bad == [], "a job uses another job's code through a shared piece beside them: " + "; ".join(bad)
+
+
+def test_spark_driver_side_stays_off_the_executor_side_imports() -> None:
+    """Within a job, imports go cli -> driver -> executor -> pure: never back."""
+    rank = {"cli": 3, "driver": 2, "executor": 1, "pure": 0}
+    _, edges = import_graph()
+    bad = [f"{e.source}:{e.line} ({spark_side(e.source)}) imports {e.target} ({spark_side(e.target)})"
+           for e in edges if _spark_job(e.source) and _spark_job(e.source) == _spark_job(e.target)
+           and rank[spark_side(e.target)] > rank[spark_side(e.source)]]
+    assert bad == [], "\n".join(bad)
+
+
+def test_spark_commands_load_without_pyspark() -> None:
+    """`pulsar-lifecycle --help` and the spark group load every command module: none may import
+    PySpark (or a module that does) or a driver module when loaded; its job is imported when the
+    command runs."""
+    mods, edges = import_graph()
+    commands = [m for m in mods if _spark_job(m) and spark_side(m) == "cli"] + [f"{SPARK}.cli"]
+    bad = []
+    for mod in commands:
+        for dep in sorted(_own_closure(mod, edges, True)):
+            bad += [f"{mod} loads {dep}, which imports {name} (line {line})"
+                    for line, name in _third_party_imports(mods[dep][0], True) if name in SPARK_IMPORTS]
+            if _spark_job(dep) and spark_side(dep) == "driver":
+                bad.append(f"{mod} loads the job {dep} when loaded (import it in the command's body)")
+    assert bad == [], "\n".join(bad)
+
+
+def test_spark_shared_pieces_import_no_job() -> None:
+    _, edges = import_graph()
+    bad = [f"{e.source}:{e.line} imports {e.target}" for e in edges
+           if e.source.startswith(SPARK) and not _spark_job(e.source) and _spark_job(e.target)]
+    assert bad == [], "the pieces beside the job packages serve them and import none: " + "; ".join(bad)

@@ -3,7 +3,7 @@
 Pulsar's rule (BucketDelayedDeliveryTracker.addMessage): before adding a message of a ledger newer
 than the mutable bucket's end ledger, seal the mutable bucket when it holds at least
 delayedDeliveryMinIndexCountPerBucket indexes and no immutable bucket covers that ledger. Buckets
-therefore cover whole ledgers. The engine (engine.py) and the Spark seeder (spark/seed.py) both
+therefore cover whole ledgers. The engine (engine.py) and the Spark seeder (spark/seed/) both
 use the functions here, so a seeded store is cut by the same rule the engine follows.
 """
 from __future__ import annotations

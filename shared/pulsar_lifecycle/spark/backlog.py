@@ -13,12 +13,15 @@ EXTERNAL_ENTRIES_PER_LEDGER entries per synthetic ledger, partition -1, no batch
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
 from ..scheduler.intake import Intake, classify
 from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, ProtocolError, parse_deliver_at
+from .errors import SparkJobError
+from .failures import spark_step
+from .paths import JobPath, resolve
 
 EXPORT_SCHEMA = pa.schema([
     pa.field("ledger_id", pa.int64(), nullable=False),
@@ -35,6 +38,9 @@ EXPORT_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
 ])
 COLUMNS = tuple(EXPORT_SCHEMA.names)
+# The columns the seeder and verify read (the rest are copies for people and queries).
+ROW_COLUMNS = ("ledger_id", "entry_id", "batch_index", "partition", "payload", "properties", "key", "event_time")
+AVRO_FORMAT = "org.apache.spark.sql.avro.AvroFileFormat"  # built into Spark 4 without the spark-avro module
 
 EXTERNAL_LEDGER_BASE = 1 << 62
 EXTERNAL_DATASET_SPAN = 1 << 40  # synthetic ledgers per dataset id
@@ -119,3 +125,23 @@ def external_rows(jobs: Iterable[Mapping[str, Any]], dataset_id: int, topic: str
             "publish_time": 0, "topic": topic,
         })
     return rows
+
+
+def joined_names(paths: Sequence[Any]) -> str:
+    """Paths or URLs as one comma-separated list, for messages."""
+    return ", ".join(str(p) for p in paths)
+
+
+def read_backlog(spark: Any, inputs: Sequence[Any], fmt: str = "parquet") -> Any:
+    """The exported rows as a DataFrame (Parquet, or Avro through Spark's built-in Avro format);
+    `inputs` are resolved paths (JobPath) or paths/URLs, each resolved here."""
+    if not inputs:
+        raise SparkJobError("no input files given")
+    urls = [p.url if isinstance(p, JobPath) else resolve(p).url for p in inputs]
+    reader = spark.read.format(AVRO_FORMAT if fmt == "avro" else "parquet")
+    with spark_step(f"cannot read backlog {joined_names(urls)} as {fmt}"):  # a missing path, a damaged footer, ...
+        df = reader.load(urls)
+    missing = [c for c in ROW_COLUMNS if c not in df.columns]
+    if missing:
+        raise SparkJobError(f"backlog {joined_names(urls)} lacks columns {missing} (export-backlog writes {list(COLUMNS)})")
+    return df

@@ -1,6 +1,6 @@
 """`pulsar-lifecycle spark ...`: the offline pipeline's commands (PySpark, optional extra `spark`).
 
-Each command is registered here by its own module (seed, verify, orphans): importing this group
+Each command is registered here by its own job package's cli module (seed, verify, orphans): importing this group
 never imports PySpark, a command imports its job when it runs.
 """
 from __future__ import annotations
@@ -37,6 +37,15 @@ def master_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("--master", default=None, metavar="URL",
                         help="Spark master: local[*] (default), local[N], local-cluster[N,cores,MB], "
                              "spark://host:7077, yarn, k8s://...")(f)
+
+
+def writer_options(f):  # type: ignore[no-untyped-def]
+    """--function-config-file / --user-config: the writer's settings (shared by seed and verify)."""
+    f = click.option("--user-config", default=None, metavar="JSON",
+                     help="userConfig keys overriding the config file's (e.g. bucket rules).")(f)
+    f = click.option("--function-config-file", type=click.Path(exists=True, dir_okay=False), default=None,
+                     help="The writer's function config YAML: bucket rules, scheduling topic and name.")(f)
+    return f
 
 
 def _log_failure(exc: BaseException) -> Optional[str]:
@@ -78,9 +87,9 @@ def register(command: click.Command, name: Optional[str] = None) -> None:
 
 # Modules that define a command and call register() on import (no PySpark import at module level).
 COMMAND_MODULES = (
-    "pulsar_lifecycle.spark.seed_cli",
-    "pulsar_lifecycle.spark.verify_cli",
-    "pulsar_lifecycle.spark.orphans_cli",
+    "pulsar_lifecycle.spark.seed.cli",
+    "pulsar_lifecycle.spark.verify.cli",
+    "pulsar_lifecycle.spark.orphans.cli",
 )
 
 

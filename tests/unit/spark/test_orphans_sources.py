@@ -10,8 +10,8 @@ import pytest
 from pulsar_lifecycle.bucket.codec import Manifest
 from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType
-from pulsar_lifecycle.spark.orphans_enqueue import NotEnqueueable, enqueue_orphans, to_request
-from pulsar_lifecycle.spark.orphans_model import (
+from pulsar_lifecycle.spark.orphans.enqueue import NotEnqueueable, enqueue_orphans, to_request
+from pulsar_lifecycle.spark.orphans.model import (
     LEDGER_SPACE,
     ListingError,
     classify_bookkeeper,
@@ -20,7 +20,7 @@ from pulsar_lifecycle.spark.orphans_model import (
     parse_offload_key,
     topic_of_managed_ledger,
 )
-from pulsar_lifecycle.spark.orphans_sources import (
+from pulsar_lifecycle.spark.orphans.sources import (
     AdminInUse,
     BookieListing,
     FilesystemListing,
@@ -30,7 +30,7 @@ from pulsar_lifecycle.spark.orphans_sources import (
     SnapshotStoreListing,
     snapshot_id_space,
 )
-from pulsar_lifecycle.spark.orphans_state import ScanRecord, ScanStateDir, ScanStateError, checked_write
+from pulsar_lifecycle.spark.orphans.state import ScanRecord, ScanStateDir, ScanStateError, checked_write
 from servers.bookie_http_server import pulsar_metadata
 from support.deletion import s3_client
 
@@ -201,7 +201,7 @@ def test_scan_state_commit_confirm_and_damage(tmp_path):
 def test_checked_write_loops_short_writes_and_keeps_old_content_on_full_disk(tmp_path, monkeypatch):
     import errno
 
-    import pulsar_lifecycle.spark.orphans_state as st
+    import pulsar_lifecycle.spark.orphans.state as st
 
     real_write = os.write
     monkeypatch.setattr(st.os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))  # short writes

@@ -12,7 +12,7 @@ from pulsar_lifecycle.cli import main
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.spark.backlog import EXTERNAL_LEDGER_BASE, ClassifyOptions, classify_row
 from pulsar_lifecycle.spark.errors import SparkJobError
-from pulsar_lifecycle.spark.export import import_jobs, part_files
+from pulsar_lifecycle.spark.export.driver import import_jobs, part_files
 
 
 def _jobs(path: Path, n: int) -> Path:

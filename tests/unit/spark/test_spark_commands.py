@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from pulsar_lifecycle.bucket import DirectorySnapshotStorage
-from pulsar_lifecycle.spark import checks
+from pulsar_lifecycle.spark.verify import executor_checks as checks
 from support.orphans import SmallCluster
 from support.spark_fixtures import (
     assert_no_spark_log_lines,

@@ -14,11 +14,11 @@ from pulsar_lifecycle.cli import main
 from pulsar_lifecycle.deletion.codec import decode
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.spark.orphans_audit import AuditConfig, run_audit
-from pulsar_lifecycle.spark.orphans_listing import list_bookies
-from pulsar_lifecycle.spark.orphans_model import ListingError
-from pulsar_lifecycle.spark.orphans_sources import AdminInUse, BookieListing, RateLimiter
-from pulsar_lifecycle.spark.orphans_state import ScanStateDir
+from pulsar_lifecycle.spark.orphans.driver import AuditConfig, run_audit
+from pulsar_lifecycle.spark.orphans.driver_listing import list_bookies
+from pulsar_lifecycle.spark.orphans.model import ListingError
+from pulsar_lifecycle.spark.orphans.sources import AdminInUse, BookieListing, RateLimiter
+from pulsar_lifecycle.spark.orphans.state import ScanStateDir
 from servers.bookie_http_server import pulsar_metadata
 from support.helpers import drain
 from support.orphans import SmallCluster, old_ms, orphan_ids
@@ -163,7 +163,7 @@ def test_snapshot_store_against_its_manifest(spark, tmp_path):
 
     from pulsar_lifecycle.bucket.codec import Manifest
     from pulsar_lifecycle.bucket.storage.directory import DirectorySnapshotStorage
-    from pulsar_lifecycle.spark.orphans_sources import SnapshotManifestInUse, SnapshotStoreListing
+    from pulsar_lifecycle.spark.orphans.sources import SnapshotManifestInUse, SnapshotStoreListing
 
     root = tmp_path / "snap"
     store = DirectorySnapshotStorage(root)
@@ -201,8 +201,8 @@ def test_owner_namespace_is_one_rule_in_python_and_in_spark(spark):
     """orphans_job's column expression gives exactly orphans_model.namespace_of for every kind of owner."""
     from pyspark.sql import functions as F
 
-    from pulsar_lifecycle.spark.orphans_job import _owner_ns
-    from pulsar_lifecycle.spark.orphans_model import namespace_of
+    from pulsar_lifecycle.spark.orphans.driver_frames import _owner_ns
+    from pulsar_lifecycle.spark.orphans.model import namespace_of
 
     owners = ["t/ns/persistent/a%2Fb", "t/ns/x", "persistent://t/ns/x", "non-persistent://t/ns/x-partition-1",
               "s3://bucket/t/ns/x", "Persistent://t/ns/x", "t/ns/", "t//x", "/ns/x", "t/ns", "", "x://y://t/ns/z"]

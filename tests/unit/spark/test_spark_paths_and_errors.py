@@ -11,9 +11,9 @@ from click.testing import CliRunner
 
 from pulsar_lifecycle.cli import main
 from pulsar_lifecycle.spark import paths
+from pulsar_lifecycle.spark.backlog import read_backlog
 from pulsar_lifecycle.spark.errors import SparkJobError
 from pulsar_lifecycle.spark.failures import clean
-from pulsar_lifecycle.spark.seed import read_backlog
 from support.spark_fixtures import backlog_rows, write_backlog
 
 BASE = 1_800_000_000_000

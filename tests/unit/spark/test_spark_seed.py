@@ -12,11 +12,11 @@ from pulsar_lifecycle.bucket.sealing import plan_ledger_buckets
 from pulsar_lifecycle.bucket.storage import write_whole
 from pulsar_lifecycle.scheduler.intake import Cancel
 from pulsar_lifecycle.scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP
-from pulsar_lifecycle.spark import seed
 from pulsar_lifecycle.spark.backlog import ClassifyOptions, as_properties, classify_row, external_position
 from pulsar_lifecycle.spark.errors import SparkJobError
 from pulsar_lifecycle.spark.progress import JobProgress
-from pulsar_lifecycle.spark.seed import partition_keys, place_buckets, run_seed
+from pulsar_lifecycle.spark.seed import driver as seed
+from pulsar_lifecycle.spark.seed.driver import partition_keys, place_buckets, run_seed
 from support.spark_fixtures import backlog_rows, write_backlog
 
 BASE = 1_800_000_000_000
@@ -194,7 +194,8 @@ def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_expo
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pulsar_lifecycle.spark import seed_direct as sd
+    from pulsar_lifecycle.spark.seed import direct as sd
+    from pulsar_lifecycle.spark.seed import executor as sx
 
     plan = [(100, 101, 110), (102, 103, 110), (104, 105, 52)]
     ordered = backlog_rows({100: 30, 101: 80, 102: 50, 103: 60, 104: 45, 105: 7}, BASE, 60_000)
@@ -204,7 +205,7 @@ def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_expo
     tasks = sd.plan_tasks(plan, groups, 1)
     assert [(t.first_bucket, t.ends) for t in tasks] == [(0, (101,)), (1, (103,)), (2, (105,))]
     assert sd.read_amplification(tasks, groups) < 2
-    got = sd.read_task(tasks[1], ["ledger_id", "entry_id"])
+    got = sx.read_task(tasks[1], ["ledger_id", "entry_id"])
     assert sorted(got.column("ledger_id").to_pylist()) == [102] * 50 + [103] * 60
     assert set(got.column("bucket_no").to_pylist()) == {1}
     # Every file spans every ledger: each task would read everything.
@@ -217,7 +218,7 @@ def test_direct_tasks_read_only_overlapping_row_groups_and_refuse_unordered_expo
     write_backlog(tmp_path / "specials", specials, per_file=97)
     groups = sd.row_groups([str(tmp_path / "specials")])
     assert groups is not None
-    got = sorted(x for task in sd.count_tasks(groups, 2) for x in sd.count_ledgers(CANCEL_PROP, task))
+    got = sorted(x for task in sd.count_tasks(groups, 2) for x in sx.count_ledgers(CANCEL_PROP, task))
     merged: dict = {}
     for ledger, n, c in got:
         merged[ledger] = (merged.get(ledger, (0, 0))[0] + n, merged.get(ledger, (0, 0))[1] + c)

@@ -14,11 +14,11 @@ from pulsar_lifecycle.bucket.codec import Manifest, ReleaseCursor, SnapshotMetad
 from pulsar_lifecycle.bucket.segments import cut_segments, snapshot_metadata
 from pulsar_lifecycle.bucket.storage import write_whole
 from pulsar_lifecycle.cli import main
-from pulsar_lifecycle.spark import checks
 from pulsar_lifecycle.spark.backlog import ClassifyOptions
 from pulsar_lifecycle.spark.progress import JobProgress
-from pulsar_lifecycle.spark.seed import run_seed
-from pulsar_lifecycle.spark.verify import run_verify
+from pulsar_lifecycle.spark.seed.driver import run_seed
+from pulsar_lifecycle.spark.verify import executor_checks as checks
+from pulsar_lifecycle.spark.verify.driver import run_verify
 from support.spark_fixtures import backlog_rows, write_backlog
 
 pytestmark = pytest.mark.spark

@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import click
 
-from ..local_paths import absolute_path
-from .errors import SparkJobError
+from ...local_paths import absolute_path
+from ..errors import SparkJobError
 
 
 @click.command("export-backlog")
@@ -48,10 +48,10 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
           --subscription public/default/bucket-snapshot-writer --out backlog/
       pulsar-lifecycle export-backlog --from-jobs jobs.jsonl --dataset-id 1 --out backlog/
     """
-    from ..scheduler.wake import send_wake_tick
-    from .export import export_backlog as run_export
-    from .export import import_jobs
-    from .store import exclusive
+    from ...scheduler.wake import send_wake_tick
+    from ..store import exclusive
+    from .driver import export_backlog as run_export
+    from .driver import import_jobs
 
     try:
         if jobs_file:
@@ -61,7 +61,7 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
         else:
             if not (service_url and topics and subscription):
                 raise click.UsageError("draining needs --service-url, --topic and --subscription (or use --from-jobs)")
-            from ..runtime.connect import open_client
+            from ...runtime.connect import open_client
 
             with exclusive(store) if store else contextlib.nullcontext():
                 client = open_client(service_url, 30.0)  # a refused or silent broker: one line, not 30 s of retries

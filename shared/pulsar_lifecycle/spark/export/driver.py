@@ -26,12 +26,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from ..readers import Entry
-from ..state.directory import atomic_write
-from ..subscribe import random_skip, skip_consumer_ids, subscribe_promptly
-from .backlog import EXPORT_SCHEMA, external_rows, protocol_columns
-from .errors import SparkJobError
-from .export_held import raise_floor, read_held_all
+from ...readers import Entry
+from ...state.directory import atomic_write
+from ...subscribe import random_skip, skip_consumer_ids, subscribe_promptly
+from ..backlog import EXPORT_SCHEMA, external_rows, protocol_columns
+from ..errors import SparkJobError
+from .held import raise_floor, read_held_all
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ _BATCH_BITS = 16  # position key in a per-ledger 64-bit bitmap: entry << 16 | (b
 class ExportedPositions:
     """The positions already in the export's files: per ledger, a 64-bit RoaringBitmap of
     entry << 16 | (batch index + 1) (a few bytes per message). `floors`: per topic (full name),
-    the furthest (ledger, entry) the files held when they were loaded (export_held)."""
+    the furthest (ledger, entry) the files held when they were loaded (held.py)."""
 
     def __init__(self) -> None:
         self._maps: Dict[int, BitMap64] = {}
@@ -79,7 +79,7 @@ class ExportReport:
     files_written: int = 0
     rows_written: int = 0
     redelivered_skipped: int = 0
-    held_exported: int = 0  # read with a Reader from a killed exporter's consumer, not acked (export_held)
+    held_exported: int = 0  # read with a Reader from a killed exporter's consumer, not acked (held.py)
     seconds: float = 0.0
     files: List[str] = field(default_factory=list)
 
@@ -231,7 +231,7 @@ def export_backlog(client: "pulsar.Client", topics: Sequence[str], subscription:
     # (tests/integration/test_broker_quirks.py): a consumer idle for idle_ms has received everything.
     total = _drain_pass(client, topics, subscription, export, batch_rows, idle_ms, max_messages, on_batch)
     if seen.floors and (max_messages is None or total < max_messages):
-        # Resumed after a crash: what the killed exporter's consumer still holds (export_held).
+        # Resumed after a crash: what the killed exporter's consumer still holds (held.py).
         def is_new(msg: "pulsar.Message") -> bool:
             mid = msg.message_id()
             return seen.add(mid.ledger_id(), mid.entry_id(), mid.batch_index())

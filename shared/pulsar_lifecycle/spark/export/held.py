@@ -29,8 +29,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 
-from ..readers import Entry, close_quietly, has_more, reader_at
-from ..topics import TopicName, TopicNameError
+from ...readers import Entry, close_quietly, has_more, reader_at
+from ...topics import TopicName, TopicNameError
 
 log = logging.getLogger(__name__)
 

@@ -8,10 +8,10 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from ..deletion.cli import delay_options, deletion_topic_options
-from .cli import master_option, register
-from .errors import SparkJobError
-from .orphans_model import ADMIN_COMPONENTS, ALL_COMPONENTS, STATUSES, ListingError, parse_duration_ms
+from ...deletion.cli import delay_options, deletion_topic_options
+from ..cli import master_option, register
+from ..errors import SparkJobError
+from .model import ADMIN_COMPONENTS, ALL_COMPONENTS, STATUSES, ListingError, parse_duration_ms
 
 EXIT_LISTING_FAILED = 2
 EXIT_ENQUEUE_FAILED = 3
@@ -121,9 +121,10 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
     orphans also found by a committed scan at least --confirm-after older are enqueued, and only
     through phase one of two-phase deletion (the deletion worker re-checks before deleting).
     """
-    from ..deletion.storage.s3 import make_s3_client  # boto3 only when S3 is listed
-    from .orphans_job import default_export_coverage
-    from .orphans_sources import (
+    from ...deletion.storage.s3 import make_s3_client  # boto3 only when S3 is listed
+    from ..paths import resolve
+    from .driver_frames import default_export_coverage
+    from .sources import (
         AdminInUse,
         BookieListing,
         FilesystemListing,
@@ -132,8 +133,7 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
         SnapshotManifestInUse,
         SnapshotStoreListing,
     )
-    from .orphans_state import ScanStateDir, ScanStateError
-    from .paths import resolve
+    from .state import ScanStateDir, ScanStateError
 
     if not (bookie_url or s3_bucket or offload_dir or snapshot_dir or listed):
         raise click.UsageError("nothing to list: give --bookie-url, --s3-bucket, --offload-dir, --snapshot-dir or --listed")
@@ -162,10 +162,10 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
     in_use += [SnapshotManifestInUse(d) for d in snapshot_dir]
 
     def job() -> Dict[str, Any]:
-        from .orphans_audit import AuditConfig, run_audit
-        from .paths import require_reachable
-        from .progress import JobProgress
-        from .session import DEFAULT_MASTER, spark_session
+        from ..paths import require_reachable
+        from ..progress import JobProgress
+        from ..session import DEFAULT_MASTER, spark_session
+        from .driver import AuditConfig, run_audit
 
         config = AuditConfig(listings, listed, in_use, in_use_files, default_export_coverage(in_use_covers or None),
                              older_than, confirm_after, sample)
@@ -177,7 +177,7 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
             state = ScanStateDir(Path(state_dir))
             service = client = None
             if enqueue:
-                from ..deletion.cli import build_service
+                from ...deletion.cli import build_service
 
                 service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
             try:
@@ -192,7 +192,7 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
                 if client is not None:
                     client.close()
 
-    from .cli import run_job
+    from ..cli import run_job
 
     try:
         report = run_job(job)

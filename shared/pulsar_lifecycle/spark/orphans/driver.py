@@ -3,8 +3,8 @@
 Order (BookKeeper's garbage collector and Iceberg's orphan-file action):
   1. list storage (every listing complete, or the scan stops with nothing reported);
   2. only then read the metadata (in-use sets), also complete or stop;
-  3. Spark classifies every listed ledger (orphans_model's statuses) and writes the orphans as
-     this scan's candidates; the scan is committed durably (orphans_state);
+  3. Spark classifies every listed ledger (model.py's statuses) and writes the orphans as
+     this scan's candidates; the scan is committed durably (state.py);
   4. the orphans a committed scan at least `confirm_after` older also reported are "confirmed";
   5. with `enqueue`, confirmed orphans go to phase one of two-phase deletion; nothing is deleted here.
 """
@@ -17,10 +17,10 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence
 
 from pyspark.sql import SparkSession  # this module runs only under Spark
 
-from ..clock import Clock, wall_clock_ms
-from .errors import SparkJobError
-from .orphans_enqueue import EnqueueResult, enqueue_orphans
-from .orphans_job import (
+from ...clock import Clock, wall_clock_ms
+from ..errors import SparkJobError
+from ..paths import file_url
+from .driver_frames import (
     CANDIDATE_COLUMNS,
     AuditRules,
     check_ids,
@@ -35,11 +35,11 @@ from .orphans_job import (
     union_all,
     write_candidates,
 )
-from .orphans_listing import list_bookies
-from .orphans_model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
-from .orphans_sources import BookieListing
-from .orphans_state import ScanRecord, ScanStateDir, new_scan_id, record_dict
-from .paths import file_url
+from .driver_listing import list_bookies
+from .enqueue import EnqueueResult, enqueue_orphans
+from .model import STATUS_ORPHAN, Coverage, InUseSet, ListedLedger, ListingError
+from .sources import BookieListing
+from .state import ScanRecord, ScanStateDir, new_scan_id, record_dict
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def run_audit(spark: SparkSession, config: AuditConfig, state: ScanStateDir,
     work_dir = state.scans / f".{scan_id}.listings.tmp"  # where the executors write the bookie listings
     try:
         for i, src in enumerate(config.listings):
-            if isinstance(src, BookieListing):  # pages fetched by the executors (orphans_listing.py)
+            if isinstance(src, BookieListing):  # pages fetched by the executors (driver_listing.py, executor.py)
                 df, n = list_bookies(spark, src, work_dir / str(i))
                 listed_frames.append(df)
                 n_listed += n

@@ -3,7 +3,7 @@
 Everything heavy runs on the executors: reading exported lists, the distinct of the in-use ids,
 the join of listing against in-use on (id_space, ledger_id), the per-row status, the counts and
 writing the candidates. The driver only receives the counts and at most `sample` rows.
-Status rules are described in orphans_model; they are written once, here, as Column expressions.
+Status rules are described in model.py; they are written once, here, as Column expressions.
 """
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ from pyspark.sql import Column, DataFrame, SparkSession  # this module runs only
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from ..topics import DOMAINS
-from .errors import SparkJobError
-from .failures import spark_step
-from .orphans_model import (
+from ...topics import DOMAINS
+from ..errors import SparkJobError
+from ..failures import spark_step
+from ..paths import file_url
+from .model import (
     ADMIN_COMPONENTS,
     ANY_NAMESPACE,
     COVERAGE_COLUMNS,
@@ -35,7 +36,6 @@ from .orphans_model import (
     STATUSES,
     Coverage,
 )
-from .paths import file_url
 
 LISTING_SCHEMA = T.StructType([
     T.StructField("store", T.StringType(), False),
@@ -100,7 +100,7 @@ def _require(df: DataFrame, column: str, what: str, path: str) -> None:
 
 
 def _owner_ns(owner: Column) -> Column:
-    """tenant/namespace of an owner (same rule as orphans_model.namespace_of)."""
+    """tenant/namespace of an owner (same rule as model.namespace_of)."""
     bare = F.regexp_replace(owner, "^(" + "|".join(re.escape(d) for d in DOMAINS) + ")://", "")
     parts = F.split(bare, "/")
     return F.when((F.size(parts) >= 3) & (F.length(parts[0]) > 0) & (F.length(parts[1]) > 0),
@@ -155,7 +155,7 @@ def check_ids(df: DataFrame, what: str) -> int:
 # -- the audit ------------------------------------------------------------------------------------
 def classify(listing: DataFrame, in_use: DataFrame, coverage: Sequence[Coverage],
              max_known: Dict[str, int], rules: AuditRules) -> DataFrame:
-    """The listed ledgers NOT in use, each with its `status` (see orphans_model; IN_USE rows are
+    """The listed ledgers NOT in use, each with its `status` (see model.py; IN_USE rows are
     dropped by the anti-join, count them as listed minus these). `max_known` holds newest ids the
     driver's sources know beyond `in_use` itself; the in-use files' own maxima are added here."""
     spark = listing.sparkSession

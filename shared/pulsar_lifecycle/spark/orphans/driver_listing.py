@@ -23,16 +23,17 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Any, Iterator, List, Tuple
+from typing import List, Tuple
 
 from pyspark.sql import DataFrame, SparkSession  # this module runs only under Spark
 from pyspark.sql import types as T
 
-from .failures import cause_of
-from .orphans_job import LISTING_SCHEMA
-from .orphans_model import ListingError
-from .orphans_sources import BookieListing
-from .paths import file_url
+from ..failures import cause_of
+from ..paths import file_url
+from .driver_frames import LISTING_SCHEMA
+from .executor import fetch_blocks
+from .model import ListingError
+from .sources import BookieListing
 
 log = logging.getLogger(__name__)
 
@@ -41,17 +42,6 @@ PAGES_PER_TASK = 20  # 2,000 ledgers per task and round
 ROUND_SCHEMA = T.StructType([T.StructField("kind", T.IntegerType(), False),
                              T.StructField("row", LISTING_SCHEMA, True),
                              T.StructField("page", T.LongType(), True)])
-
-
-def _fetch_blocks(listing: BookieListing, blocks: Iterator[Tuple[int, int]]) -> Iterator[Tuple[int, Any]]:
-    """Executor side: (0, listing row) per ledger, then (1, first page of the block) when an
-    empty page ended the listing inside it."""
-    for first, last in blocks:
-        ledgers, ended = listing.pages(first, last)
-        for ledger in ledgers:
-            yield 0, ledger.row()
-        if ended:
-            yield 1, first
 
 
 def list_bookies(spark: SparkSession, listing: BookieListing, out_dir: Path, tasks: int = 0,
@@ -71,7 +61,7 @@ def list_bookies(spark: SparkSession, listing: BookieListing, out_dir: Path, tas
             blocks = [(b, min(b + pages_per_task - 1, listing.max_pages))
                       for b in range(first, min(first + tasks * pages_per_task, listing.max_pages + 1), pages_per_task)]
             rdd = sc.parallelize(blocks, len(blocks)).mapPartitions(
-                lambda it, _l=listing: _fetch_blocks(_l, it))  # type: ignore[misc]  # mypy cannot type a lambda default
+                lambda it, _l=listing: fetch_blocks(_l, it))  # type: ignore[misc]  # mypy cannot type a lambda default
             part = file_url(out_dir / f"round-{rounds:06d}")  # the driver's directory, whatever the executors' is
             # One pass over the pages: rows and end markers are written together, then read back.
             spark.createDataFrame(rdd.map(lambda kv: (kv[0], kv[1] if kv[0] == 0 else None, kv[1] if kv[0] == 1 else None)),

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-from ..deletion.model import (
+from ...deletion.model import (
     InvalidRequestError,
     LedgerComponent,
     LedgerContext,
@@ -20,7 +20,7 @@ from ..deletion.model import (
     PendingDeleteLedgerInfo,
     TopicRef,
 )
-from .orphans_model import (
+from .model import (
     COMP_BUCKET_SNAPSHOT,
     COMP_MANAGED_CURSOR,
     COMP_MANAGED_LEDGER,

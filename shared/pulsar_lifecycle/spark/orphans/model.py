@@ -25,8 +25,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, Iterator, List, Mapping, Optional, Set, Tuple
 
-from ..topics import FULL_NAME_PREFIXES, TopicName, TopicNameError
-from .errors import ListingError
+from ...topics import FULL_NAME_PREFIXES, TopicName, TopicNameError
+from ..errors import ListingError
 
 # -- id spaces and components ---------------------------------------------------------------------
 LEDGER_SPACE = "ledger"  # BookKeeper ledger ids (bookies and tiered storage)
@@ -145,7 +145,7 @@ class InUseSet:
 # -- names ------------------------------------------------------------------------------------------
 def namespace_of(owner: Optional[str]) -> Optional[str]:
     """`tenant/namespace` of an ML name (`t/ns/persistent/x`), schema id (`t/ns/x`) or topic
-    (`persistent://t/ns/x`); None for anything else. orphans_job._owner_ns is this rule as a Spark column."""
+    (`persistent://t/ns/x`); None for anything else. driver_frames._owner_ns is this rule as a Spark column."""
     if not owner:
         return None
     rest = next((owner[len(p):] for p in FULL_NAME_PREFIXES if owner.startswith(p)), owner)

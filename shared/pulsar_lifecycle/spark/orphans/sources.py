@@ -9,7 +9,7 @@ In-use sources (each complete or a ListingError):
     AdminInUse         Pulsar admin REST: tenants -> namespaces -> topics -> internalStats,
                        rate-limited (`max_rps`)
     SnapshotManifestInUse  the writer's bucket manifest (buckets, pending deletions, newest id)
-Exported lists (files) are read by Spark itself (orphans_job).
+Exported lists (files) are read by Spark itself (driver_frames.py).
 """
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
-from ..bucket.codec import Manifest
-from ..bucket.storage import SnapshotNotFoundError
-from ..bucket.storage import StorageError as SnapshotStorageError
-from ..bucket.storage.directory import DirectorySnapshotStorage
-from ..deletion.admin import ledger_ids_from_internal_stats
-from ..deletion.model import TopicRef
-from ..deletion.ports import StorageError
-from ..deletion.storage.http import HttpEndpoints
-from ..topics import java_url_encode
-from .orphans_model import (
+from ...bucket.codec import Manifest
+from ...bucket.storage import SnapshotNotFoundError
+from ...bucket.storage import StorageError as SnapshotStorageError
+from ...bucket.storage.directory import DirectorySnapshotStorage
+from ...deletion.admin import ledger_ids_from_internal_stats
+from ...deletion.model import TopicRef
+from ...deletion.ports import StorageError
+from ...deletion.storage.http import HttpEndpoints
+from ...topics import java_url_encode
+from .model import (
     ADMIN_COMPONENTS,
     BUCKET_SPACE_PREFIX,
     COMP_BUCKET_SNAPSHOT,
@@ -110,7 +110,7 @@ class BookieListing:
     def pages(self, first: int, last: int) -> Tuple[List[ListedLedger], bool]:
         """The ledgers of pages first..last and whether an empty page ended the listing there
         (pages after it are not fetched). A block of pages is what one Spark task lists
-        (orphans_listing.py); ListingError on any failure."""
+        (driver_listing.py, executor.py); ListingError on any failure."""
         endpoints = HttpEndpoints(list(self.base_urls), timeout=self.timeout)
         out: List[ListedLedger] = []
         try:

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from ..durable import atomic_write, fsync_dir, fsync_fd
-from .errors import ScanStateError
+from ...durable import atomic_write, fsync_dir, fsync_fd
+from ..errors import ScanStateError
 
 log = logging.getLogger(__name__)
 

@@ -7,16 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from .cli import master_option, register, run_job
-
-
-def writer_options(f):  # type: ignore[no-untyped-def]
-    """--function-config-file / --user-config: the writer's settings (shared by seed and verify)."""
-    f = click.option("--user-config", default=None, metavar="JSON",
-                     help="userConfig keys overriding the config file's (e.g. bucket rules).")(f)
-    f = click.option("--function-config-file", type=click.Path(exists=True, dir_okay=False), default=None,
-                     help="The writer's function config YAML: bucket rules, scheduling topic and name.")(f)
-    return f
+from ..cli import master_option, register, run_job, writer_options
 
 
 @click.command("seed")
@@ -53,11 +44,11 @@ def seed(inputs: Tuple[str, ...], store: str, function_config_file: Optional[str
       pulsar-lifecycle spark seed backlog/ --store /data/buckets/writer \\
           --function-config-file function-configs/bucket-snapshot-writer.yaml --report seed.json
     """
-    from .paths import STORE_HINT, require_reachable, resolve_all, resolve_store
-    from .progress import JobProgress
-    from .seed import run_seed
-    from .session import DEFAULT_MASTER, spark_session
-    from .settings import writer_settings
+    from ..paths import STORE_HINT, require_reachable, resolve_all, resolve_store
+    from ..progress import JobProgress
+    from ..session import DEFAULT_MASTER, spark_session
+    from ..settings import writer_settings
+    from .driver import run_seed
 
     report_file = Path(report_path).absolute() if report_path else None  # this directory, whatever runs later
 

@@ -6,7 +6,7 @@ every row through Spark (scan, rows, shuffle files, Arrow again; ~2 us per row o
 most of it the properties map) is avoidable: the driver reads the row groups' ledger-id
 statistics from the footers, cuts the plan into tasks of consecutive buckets, and each task
 reads just the row groups that overlap its ledger range with pyarrow, keeps its ledgers' rows
-and builds its buckets (seed.seed_table, the same code as the shuffle path).
+and builds its buckets (executor.seed_table, the same code as the shuffle path).
 
 Taken only when it pays: local (or pyarrow-readable) Parquet inputs, every row group with
 ledger-id statistics, and the rows the tasks read at most MAX_READ_AMPLIFICATION times the
@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
-
-from ..bucket.item_columns import row_any
+from typing import Dict, List, Optional, Sequence, Tuple
 
 log = logging.getLogger(__name__)
 
@@ -110,28 +108,6 @@ def read_amplification(tasks: Sequence[SeedTask], groups: Sequence[RowGroup]) ->
     return read / total if total else 0.0
 
 
-def read_task(task: SeedTask, columns: Sequence[str]) -> Any:
-    """The task's rows (its ledgers only) as a pyarrow Table with a bucket_no column."""
-    import numpy as np  # executor side; numpy and pyarrow come with the spark extra
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    parts = []
-    for path, indexes in task.groups:
-        t = pq.ParquetFile(path).read_row_groups(list(indexes), columns=list(columns))
-        ledger = t.column("ledger_id")
-        t = t.filter(pc.and_(pc.greater_equal(ledger, task.lo), pc.less_equal(ledger, task.hi)))
-        if t.num_rows:
-            parts.append(t)
-    if not parts:
-        return None
-    table = pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-    ledgers = np.asarray(table.column("ledger_id").combine_chunks(), dtype=np.int64)
-    bucket_no = task.first_bucket + np.searchsorted(np.asarray(task.ends, dtype=np.int64), ledgers, side="left")
-    return table.append_column("bucket_no", pa.array(bucket_no.astype(np.int32)))
-
-
 def count_tasks(groups: Sequence[RowGroup], parallelism: int) -> List[Tuple[Tuple[str, Tuple[int, ...]], ...]]:
     """The row groups in tasks of about ROWS_PER_TASK rows (at least 4 per core when there are
     enough), each a tuple of (path, row group indexes)."""
@@ -149,29 +125,3 @@ def count_tasks(groups: Sequence[RowGroup], parallelism: int) -> List[Tuple[Tupl
             current = {}
     return tasks
 
-
-def count_ledgers(cancel_prop: str, task: Tuple[Tuple[str, Tuple[int, ...]], ...]) -> List[Tuple[int, int, int]]:
-    """(ledger id, rows, rows whose properties hold `cancel_prop`) for the rows of these row
-    groups: what the shuffle path's planning scan computes with Spark, read with pyarrow."""
-    import numpy as np  # executor side; numpy and pyarrow come with the spark extra
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
-
-    ledgers, cancels = [], []
-    for path, indexes in task:
-        t = pq.ParquetFile(path).read_row_groups(list(indexes), columns=["ledger_id", "properties"])
-        props = t.column("properties").combine_chunks()
-        offsets = np.asarray(props.offsets, dtype=np.int64)
-        start = int(offsets[0]) if len(props) else 0
-        keys = props.keys.slice(start, int(offsets[-1]) - start if len(props) else 0)
-        hit = row_any(np.asarray(pc.equal(keys, cancel_prop).fill_null(False), dtype=bool), offsets - start)
-        if props.null_count:  # a null map names nothing (Spark's getItem gives null)
-            hit &= np.asarray(props.is_valid(), dtype=bool)
-        ledgers.append(np.asarray(t.column("ledger_id").combine_chunks(), dtype=np.int64))
-        cancels.append(hit)
-    if not ledgers:
-        return []
-    uniq, inverse = np.unique(np.concatenate(ledgers), return_inverse=True)
-    rows = np.bincount(inverse, minlength=len(uniq))
-    hits = np.bincount(inverse, weights=np.concatenate(cancels).astype(np.float64), minlength=len(uniq))
-    return list(zip(uniq.tolist(), rows.tolist(), hits.astype(np.int64).tolist()))

@@ -6,7 +6,7 @@ whole-ledger ranges with the engine's seal rule and the bucket-count limit (buck
 collect the cancel requests (few) into tombstones, reserve one bucket id per planned bucket.
 Executors (repartition by a placement key + mapInArrow: the rows reach Python as Arrow batches, no
 sort in the JVM; each task holds the buckets placed on its partition, normally one): classify,
-order, cut and write each bucket through the storage interface (seeding.py). Driver again: the
+order, cut and write each bucket through the storage interface (executor.py, executor_bucket.py). Driver again: the
 output check (every snapshot the manifest will list is in the store as the driver sees it, has
 the length and segment count its task reported, and its segments decode to the reported item
 count), then the manifest from the executors' small per-bucket results, written last and
@@ -24,50 +24,33 @@ import logging
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..bucket.bitmap import LedgerBitmaps
-from ..bucket.codec import CorruptRecordError, Manifest, ReleaseCursor, SnapshotMetadata, parse, parse_segment
-from ..bucket.config import BucketConfig
-from ..bucket.manifest import bucket_ref, manifest_from_maps
-from ..bucket.sealing import plan_ledger_buckets, seal_threshold
-from ..bucket.storage import BucketSnapshotStorage, SnapshotNotFoundError, StorageError
-from ..clock import Clock, wall_clock_ms
-from ..scheduler.index_identity import seq_base_for_new_index
-from ..scheduler.intake import Cancel
-from ..scheduling_protocol import CANCEL_PROP
-from .backlog import COLUMNS, ClassifyOptions, as_properties, classify_row
-from .errors import SparkJobError
-from .failures import spark_step
-from .paths import STORE_HINT, JobPath, require_reachable, resolve, resolve_all, resolve_store
-from .progress import JobProgress
-from .seed_direct import (
-    MAX_READ_AMPLIFICATION,
-    RowGroup,
-    SeedTask,
-    count_ledgers,
-    count_tasks,
-    plan_tasks,
-    read_amplification,
-    read_task,
-    row_groups,
-)
-from .seeding import build_bucket, tombstones_of, write_bucket
-from .store import exclusive, open_store, store_dir
+from ...bucket.bitmap import LedgerBitmaps
+from ...bucket.codec import Manifest, ReleaseCursor, parse
+from ...bucket.config import BucketConfig
+from ...bucket.manifest import bucket_ref, manifest_from_maps
+from ...bucket.sealing import plan_ledger_buckets, seal_threshold
+from ...bucket.storage import BucketSnapshotStorage
+from ...clock import Clock, wall_clock_ms
+from ...scheduler.index_identity import seq_base_for_new_index
+from ...scheduler.intake import Cancel
+from ...scheduling_protocol import CANCEL_PROP
+from ..backlog import ROW_COLUMNS, ClassifyOptions, as_properties, classify_row, joined_names, read_backlog
+from ..errors import SparkJobError
+from ..failures import spark_step
+from ..paths import STORE_HINT, require_reachable, resolve_all, resolve_store
+from ..progress import JobProgress
+from ..store import exclusive, open_store, store_dir
+from .direct import MAX_READ_AMPLIFICATION, RowGroup, SeedTask, count_tasks, plan_tasks, read_amplification, row_groups
+from .executor import RESULT_DDL, count_ledgers, seed_direct_task, seed_partition, snapshot_counts
+from .executor_bucket import tombstones_of
 
 log = logging.getLogger(__name__)
 
-ROW_COLUMNS = ("ledger_id", "entry_id", "batch_index", "partition", "payload", "properties", "key", "event_time")
-RESULT_DDL = ("bucket_no int, bucket_id long, bucket_key string, start_ledger long, end_ledger long, "
-              "snapshot_length long, index_count long, segments int, min_ts long, max_ts long, seen binary, "
-              "rows long, duplicates long, cancelled long, cancels long, invalid long, invalid_examples string")
 MAX_CANCELS_ON_DRIVER = 5_000_000
 MAX_PARTITIONS = 2000  # more buckets than this share partitions (balanced by rows)
-SEGMENTS_PER_READ = 256  # the output check reads a snapshot's segments in slices of this many
 MAX_NAMED = 10  # output-check problems named in the error
-AVRO_FORMAT = "org.apache.spark.sql.avro.AvroFileFormat"  # built into Spark 4 without the spark-avro module
-
-
 @dataclass
 class SeedReport:
     """What a seed did (printed as the summary, written as JSON with --report)."""
@@ -89,31 +72,12 @@ class SeedReport:
     index_id: str = ""
     seconds: float = 0.0
     rows_per_s: float = 0.0
-    path: str = "shuffle"  # "direct": executors read their row groups (seed_direct.py)
+    path: str = "shuffle"  # "direct": executors read their row groups (direct.py)
     read_amplification: float = 0.0  # rows the direct path's tasks would read / rows there are
 
     def to_json(self) -> str:
         """The report as JSON text."""
         return json.dumps(asdict(self), indent=2)
-
-
-def _names(paths: Sequence[Any]) -> str:
-    return ", ".join(str(p) for p in paths)
-
-
-def read_backlog(spark: Any, inputs: Sequence[Any], fmt: str = "parquet") -> Any:
-    """The exported rows as a DataFrame (Parquet, or Avro through Spark's built-in Avro format);
-    `inputs` are resolved paths (JobPath) or paths/URLs, each resolved here."""
-    if not inputs:
-        raise SparkJobError("no input files given")
-    urls = [p.url if isinstance(p, JobPath) else resolve(p).url for p in inputs]
-    reader = spark.read.format(AVRO_FORMAT if fmt == "avro" else "parquet")
-    with spark_step(f"cannot read backlog {_names(urls)} as {fmt}"):  # a missing path, a damaged footer, ...
-        df = reader.load(urls)
-    missing = [c for c in ROW_COLUMNS if c not in df.columns]
-    if missing:
-        raise SparkJobError(f"backlog {_names(urls)} lacks columns {missing} (export-backlog writes {list(COLUMNS)})")
-    return df
 
 
 def check_empty(storage: BucketSnapshotStorage, url: str) -> None:
@@ -138,85 +102,6 @@ def bind_tasks(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
         return fn(*args, batches)
 
     return run
-
-
-def result_schema() -> Any:
-    """The Arrow schema of seed_partition's results (RESULT_DDL)."""
-    import pyarrow as pa  # executor side; pyarrow comes with the spark extra
-
-    types = {"int": pa.int32(), "long": pa.int64(), "string": pa.string(), "binary": pa.binary()}
-    return pa.schema([pa.field(name, types[kind]) for name, kind in
-                      (col.strip().split() for col in RESULT_DDL.split(","))])
-
-
-def seed_partition(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions,
-                   tombstones: Dict[int, bytes], batches: Iterator[Any]) -> Iterator[Any]:
-    """The mapInArrow function (see bind_tasks): the Arrow batches of one partition, which holds
-    every row of the buckets placed on it (column bucket_no); each bucket is built and written
-    here, one result row per bucket."""
-    import pyarrow as pa  # executor side; pyarrow comes with the spark extra
-
-    parts = [b for b in batches if b.num_rows]
-    if not parts:
-        return
-    table = pa.Table.from_batches(parts)
-    del parts
-    rows = seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
-    yield pa.RecordBatch.from_pylist(rows, schema=result_schema())
-
-
-def seed_direct_task(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions,
-                     tombstones: Dict[int, bytes], task: SeedTask) -> List[Dict[str, Any]]:
-    """The flatMap function of the direct path (see bind_tasks): read the task's row groups,
-    build and write its buckets; one result per bucket."""
-    table = read_task(task, ROW_COLUMNS)
-    if table is None:
-        return []
-    return seed_table(url, first_id, config, opts, LedgerBitmaps.from_proto_map(tombstones, "tombstones"), table)
-
-
-def seed_table(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
-               table: Any) -> List[Dict[str, Any]]:
-    """Build and write every bucket whose rows `table` holds (column bucket_no says which);
-    their result rows."""
-    import numpy as np  # executor side; numpy comes with the spark extra
-
-    buckets = np.asarray(table.column("bucket_no").combine_chunks(), dtype=np.int64)
-    if buckets[0] == buckets[-1] and (buckets == buckets[0]).all():
-        return [_seed_bucket(url, first_id, config, opts, tomb, int(buckets[0]), table)]
-    order = np.argsort(buckets, kind="stable")
-    uniq, starts = np.unique(buckets[order], return_index=True)
-    ends = list(starts[1:]) + [len(order)]
-    return [_seed_bucket(url, first_id, config, opts, tomb, bucket_no, table.take(order[a:b]))
-            for bucket_no, a, b in zip(uniq.tolist(), starts.tolist(), ends)]
-
-
-def _seed_bucket(url: str, first_id: int, config: BucketConfig, opts: ClassifyOptions, tomb: LedgerBitmaps,
-                 bucket_no: int, table: Any) -> Dict[str, Any]:
-    """Build and write planned bucket `bucket_no` from its rows; its result row."""
-    build = build_bucket(table, config, opts, tomb)
-    bucket_id = first_id + bucket_no
-    length = 0
-    if build.items:
-        storage = open_store(url)
-        try:
-            length = write_bucket(storage, bucket_id, build, config)
-        finally:
-            storage.close()
-    seen = Manifest()
-    for ledger, data in build.seen.to_proto_map().items():
-        seen.seen[ledger] = data
-    return {
-        "bucket_no": bucket_no, "bucket_id": bucket_id if build.items else 0,
-        "bucket_key": build.key if build.items else "",
-        "start_ledger": build.start_ledger, "end_ledger": build.end_ledger, "snapshot_length": length,
-        "index_count": build.items, "segments": len(build.segments),
-        "min_ts": build.segments[0].min_ts if build.segments else 0,
-        "max_ts": build.segments[-1].max_ts if build.segments else 0,
-        "seen": seen.SerializeToString(), "rows": build.rows, "duplicates": build.duplicates,
-        "cancelled": build.cancelled, "cancels": build.cancels, "invalid": build.invalid,
-        "invalid_examples": json.dumps(build.invalid_examples),
-    }
 
 
 def place_buckets(sizes: Sequence[int], partitions: int) -> List[int]:
@@ -255,7 +140,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
              shared_fs: bool = False) -> SeedReport:
     """Seed the (empty) store at `url` from backlog files; returns the report. `max_buckets` > 0
     lowers the bucket-count limit below config.delayed_delivery_max_num_buckets. `direct`:
-    let executors read their row groups when that pays (seed_direct.py); else Spark shuffles.
+    let executors read their row groups when that pays (direct.py); else Spark shuffles.
     Paths are resolved here, on the driver; `shared_fs`: local paths are on a filesystem every
     executor of a remote master mounts at the same path (paths.require_reachable)."""
     paths = resolve_all(inputs)
@@ -278,7 +163,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             groups = None
             if direct and fmt == "parquet" and all(p.local is not None for p in paths):
                 groups = row_groups([str(p.local) for p in paths])
-            with spark_step(f"cannot count the rows of backlog {_names(report.inputs)}"):
+            with spark_step(f"cannot count the rows of backlog {joined_names(report.inputs)}"):
                 per_ledger = _count_rows(spark, df, groups)
             counts = [(ledger, n) for ledger, n, _ in per_ledger]
             n_cancels = sum(c for _, _, c in per_ledger)
@@ -286,7 +171,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             report.planned_threshold = seal_threshold(sum(c for _, c in counts),
                                                       config.delayed_delivery_min_index_count_per_bucket, limit)
             progress.phase("cancel requests")
-            with spark_step(f"cannot read the cancel requests of backlog {_names(report.inputs)}"):
+            with spark_step(f"cannot read the cancel requests of backlog {joined_names(report.inputs)}"):
                 tomb = _tombstones(df, opts, report) if n_cancels else LedgerBitmaps()
             if not plan:
                 report.index_id = _claim_index(storage)
@@ -298,7 +183,7 @@ def run_seed(spark: Any, inputs: Sequence[str], url: str, config: BucketConfig, 
             progress.phase("build and write buckets")
             progress.expect_rows(sum(c for _, c in counts))
             tasks = _direct_tasks(spark, groups, plan, report) if groups is not None else None
-            with spark_step(f"cannot build and write the buckets of {url} from backlog {_names(report.inputs)}"):
+            with spark_step(f"cannot build and write the buckets of {url} from backlog {joined_names(report.inputs)}"):
                 if tasks is not None:
                     results = sorted(spark.sparkContext.parallelize(tasks, len(tasks))
                                      .flatMap(bind_tasks(seed_direct_task, url, first, config, opts,
@@ -358,31 +243,6 @@ def snapshot_file(url: str, bucket_id: int) -> str:
     if directory is not None:
         return str(directory / "snapshots" / f"{bucket_id:020d}.snap")
     return f"bucket {bucket_id} of {url}"
-
-
-def snapshot_counts(url: str, bucket_id: int) -> Dict[str, Any]:
-    """Executor side of the output check: what snapshot `bucket_id` holds (length, segments, items
-    decoded from every segment, first and last release-key timestamp) or why it cannot be read."""
-    out: Dict[str, Any] = {"bucket_id": bucket_id, "error": ""}
-    storage = open_store(url)
-    try:
-        meta = parse(SnapshotMetadata, storage.get_metadata(bucket_id), f"bucket {bucket_id} metadata")
-        n = len(meta.metadata_list)
-        items = 0
-        for a in range(1, n + 1, SEGMENTS_PER_READ):
-            b = min(n, a + SEGMENTS_PER_READ - 1)
-            for k, data in enumerate(storage.get_segments(bucket_id, a, b), start=a):
-                items += len(parse_segment(data, f"bucket {bucket_id} segment {k}").indexes)
-        out.update(length=storage.get_length(bucket_id), segments=n, items=items,
-                   min_ts=meta.metadata_list[0].min_schedule_timestamp if n else 0,
-                   max_ts=meta.metadata_list[-1].max_schedule_timestamp if n else 0)
-    except SnapshotNotFoundError:
-        out["error"] = "missing"
-    except (StorageError, CorruptRecordError) as exc:
-        out["error"] = " ".join(str(exc).split())
-    finally:
-        storage.close()
-    return out
 
 
 def check_output(spark: Any, storage: BucketSnapshotStorage, url: str, results: Sequence[Any]) -> None:
@@ -449,7 +309,7 @@ def _shuffle_seed(spark: Any, df: Any, url: str, first: int, config: BucketConfi
 
 def _direct_tasks(spark: Any, groups: Sequence[RowGroup], plan: Sequence[Tuple[int, int, int]],
                   report: "SeedReport") -> Optional[List[SeedTask]]:
-    """The direct path's tasks (seed_direct.py), or None when they would read too much."""
+    """The direct path's tasks (direct.py), or None when they would read too much."""
     tasks = plan_tasks(plan, groups, spark.sparkContext.defaultParallelism)
     amplification = read_amplification(tasks, groups)
     report.read_amplification = round(amplification, 2)

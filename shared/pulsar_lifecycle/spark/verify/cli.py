@@ -7,8 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from .cli import master_option, register, run_job
-from .seed_cli import writer_options
+from ..cli import master_option, register, run_job, writer_options
 
 
 @click.command("verify")
@@ -47,11 +46,11 @@ def verify(store: str, against: Tuple[str, ...], function_config_file: Optional[
       pulsar-lifecycle spark verify --store /data/buckets/writer --against backlog/ \\
           --function-config-file function-configs/bucket-snapshot-writer.yaml --out verify-report/
     """
-    from .paths import STORE_HINT, require_reachable, resolve_all, resolve_store
-    from .progress import JobProgress
-    from .session import DEFAULT_MASTER, spark_session
-    from .settings import writer_settings
-    from .verify import run_verify, write_outputs
+    from ..paths import STORE_HINT, require_reachable, resolve_all, resolve_store
+    from ..progress import JobProgress
+    from ..session import DEFAULT_MASTER, spark_session
+    from ..settings import writer_settings
+    from .driver import run_verify, write_outputs
 
     out_path = Path(out_dir).absolute()  # this directory, whatever runs later
 

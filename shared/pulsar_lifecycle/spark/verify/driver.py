@@ -3,7 +3,7 @@
 The driver reads the manifest once (it is replaced atomically, so this is a consistent view
 even while a writer runs; nothing is written to the store) and checks what spans buckets:
 duplicate ids, overlapping ledger ranges, snapshots outside the manifest. Executors check one
-bucket each (checks.py). A snapshot that vanished meanwhile (merged or exhausted by a running
+bucket each (executor.py, executor_checks.py). A snapshot that vanished meanwhile (merged or exhausted by a running
 writer) is re-checked against a fresh manifest: gone from it too is fine, still listed is a
 violation. With `against`, every exported message must be indexed exactly once, unless it was
 cancelled or (running writer) already released or still in the journal; and an indexed message
@@ -18,27 +18,29 @@ import logging
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..bucket.bitmap import LedgerBitmaps
-from ..bucket.codec import (
-    BucketRef,
+from ...bucket.bitmap import LedgerBitmaps
+from ...bucket.codec import (
     CorruptRecordError,
     JournalRecord,
     Manifest,
     ReleaseCursor,
-    SnapshotMetadata,
     index_id_of,
     parse,
     parse_segment,
 )
-from ..bucket.config import BucketConfig
-from ..bucket.manifest import sets_are_packed
-from ..bucket.records import DelayedMessage
-from ..bucket.storage import BucketSnapshotStorage, StorageError, lock_exclusively
-from ..scheduler.intake import Cancel
-from .backlog import ClassifyOptions, as_properties, classify_row
-from .checks import (
+from ...bucket.config import BucketConfig
+from ...bucket.manifest import sets_are_packed
+from ...bucket.storage import BucketSnapshotStorage, lock_exclusively
+from ..backlog import ROW_COLUMNS, ClassifyOptions, read_backlog
+from ..errors import SparkJobError
+from ..failures import spark_step
+from ..paths import STORE_HINT, require_reachable, resolve_all, resolve_store
+from ..progress import JobProgress
+from ..store import open_store, store_dir
+from .executor import check_partition, expected_partition, positions_partition
+from .executor_checks import (
     DUPLICATE,
     MANIFEST,
     MISSING,
@@ -46,15 +48,8 @@ from .checks import (
     NOT_IN_EXPORT,
     OVERLAP,
     Violation,
-    check_bucket,
     overlapping,
 )
-from .errors import SparkJobError
-from .failures import spark_step
-from .paths import STORE_HINT, require_reachable, resolve_all, resolve_store
-from .progress import JobProgress
-from .seed import ROW_COLUMNS, read_backlog
-from .store import open_store, store_dir
 
 log = logging.getLogger(__name__)
 
@@ -122,77 +117,13 @@ class VerifyReport:
 
 
 def bind(fn: Callable[..., Any], *args: Any) -> Callable[[Any], Any]:
-    """`fn` with leading arguments bound, as a plain function for mapInPandas (see seed.bind_tasks)."""
+    """`fn` with leading arguments bound, as a plain function for mapInPandas (which wants a
+    function, not a partial); Spark pickles `fn` by reference, `args` by value."""
 
     def run(batches: Any) -> Any:
         return fn(*args, batches)
 
     return run
-
-
-def check_partition(url: str, config: BucketConfig, batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInPandas: check the buckets of each batch (rows: bucket_id, ref, seen)."""
-    import pandas as pd  # executor side
-
-    storage = open_store(url)
-    try:
-        for pdf in batches:
-            out = []
-            for bid, ref_raw, seen_raw in zip(pdf["bucket_id"], pdf["ref"], pdf["seen"]):
-                ref = BucketRef.FromString(bytes(ref_raw))
-                part = Manifest.FromString(bytes(seen_raw))
-                seen = LedgerBitmaps.from_proto_map(part.seen, "seen-set", packed=sets_are_packed(part))
-                out.append({"bucket_id": int(bid), "result": json.dumps(check_bucket(storage, ref, config, seen).to_dict())})
-            yield pd.DataFrame(out, columns=["bucket_id", "result"])
-    finally:
-        storage.close()
-
-
-def positions_partition(url: str, batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInPandas: every index position of the batch's buckets (ledger, entry, ts, bucket)."""
-    import pandas as pd  # executor side
-
-    storage = open_store(url)
-    try:
-        for pdf in batches:
-            for bid in pdf["bucket_id"]:
-                bid = int(bid)
-                try:
-                    n = len(parse(SnapshotMetadata, storage.get_metadata(bid), "metadata").metadata_list)
-                    datas = storage.get_segments(bid, 1, n) if n else []
-                except (StorageError, CorruptRecordError):
-                    continue  # reported by the check pass
-                for data in datas:
-                    try:
-                        idx = parse_segment(data).indexes
-                    except CorruptRecordError:
-                        continue
-                    yield pd.DataFrame({"ledger_id": [i.ledger_id for i in idx], "entry_id": [index_id_of(i) for i in idx],
-                                        "ts": [i.timestamp for i in idx], "bucket_id": [bid] * len(idx)})
-    finally:
-        storage.close()
-
-
-def expected_partition(opts: ClassifyOptions, batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInPandas: what the writer indexes for each exported row: (ledger, entry, deliver_at, kind)."""
-    import pandas as pd  # executor side
-
-    for pdf in batches:
-        out: Dict[str, list] = {"ledger_id": [], "entry_id": [], "deliver_at": [], "kind": []}
-        for ledger, entry, batch, part, payload, props, key, evt in zip(*(pdf[c].tolist() for c in ROW_COLUMNS)):
-            res = classify_row(int(ledger), int(entry), int(batch), int(part), bytes(payload), as_properties(props),
-                               key if isinstance(key, str) else None, int(evt or 0), opts)
-            if isinstance(res, Cancel):
-                out["ledger_id"].append(res.ledger_id)
-                out["entry_id"].append(res.entry_id)
-                out["deliver_at"].append(0)
-                out["kind"].append("cancel")
-            elif isinstance(res, DelayedMessage):
-                out["ledger_id"].append(res.ledger_id)
-                out["entry_id"].append(res.entry_id)
-                out["deliver_at"].append(res.deliver_at)
-                out["kind"].append("item")
-        yield pd.DataFrame(out)
 
 
 def _seen_slices(man: Any) -> Tuple[List[int], Dict[int, bytes]]:

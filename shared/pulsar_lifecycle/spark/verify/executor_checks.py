@@ -1,4 +1,4 @@
-"""The checks `spark verify` runs on one bucket snapshot (executor side, no PySpark).
+"""The checks `spark verify` runs on one bucket snapshot (executor side, no PySpark; called by executor.py).
 
 Every rule is the engine's own: segments must be what cut_segments makes of the snapshot's
 items (order, time step, size, maximal segments), each bitmap what the engine's
@@ -13,12 +13,12 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from pyroaring import BitMap
 
-from ..bucket.bitmap import LedgerBitmaps, deserialize_bitmap, entry_bitmap, pack_bitmap
-from ..bucket.codec import CorruptRecordError, SnapshotMetadata, parse, parse_segment, segment_items
-from ..bucket.config import BucketConfig
-from ..bucket.keys import bucket_key
-from ..bucket.segments import cut_segments
-from ..bucket.storage import BucketSnapshotStorage, SnapshotNotFoundError, StorageError
+from ...bucket.bitmap import LedgerBitmaps, deserialize_bitmap, entry_bitmap, pack_bitmap
+from ...bucket.codec import CorruptRecordError, SnapshotMetadata, parse, parse_segment, segment_items
+from ...bucket.config import BucketConfig
+from ...bucket.keys import bucket_key
+from ...bucket.segments import cut_segments
+from ...bucket.storage import BucketSnapshotStorage, SnapshotNotFoundError, StorageError
 
 MAX_EXAMPLES_PER_KIND = 3
 
