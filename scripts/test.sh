@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 # Lint (ruff: pyflakes, import order, bugbear) and type-check the library first: both take seconds.
-.venv/bin/python -m ruff check shared functions tests bench
+.venv/bin/python -m ruff check shared functions tests bench scripts
 .venv/bin/python -m mypy
 if [ "$#" -gt 0 ]; then
     exec .venv/bin/python -m pytest -q -p no:cacheprovider "$@"

@@ -1,5 +1,9 @@
 """Reproduction (docs/architecture.md, "Runtime input"): where a paused runtime input holds messages.
 
+It shows a behaviour of pulsar-client (its C++ consumer under Python) on both brokers, not a broker
+quirk: the writer closes its runtime input instead of pausing it, and tests/integration/
+test_writer_paced_start.py checks on both brokers that nothing is held then.
+
 The writer's shipped config (direct intake) has two consumers on one Shared subscription of the
 scheduling topic: the runtime's (a message listener, receiver queue 1) and the writer's own batch
 consumer. This script builds that pair against a broker while a batching producer sends steadily
@@ -18,7 +22,7 @@ consumer and that the batch consumer never received was held by the paused consu
 acks, nacks or redelivers it while the consumer lives. Each is printed with its message id
 (ledger:entry:batch index) and its publish time relative to the hand-back.
 
-    python bench/repro_paused_runtime_input.py [--broker lite|pulsar] [--service-url pulsar://host:6650
+    .venv/bin/python scripts/repro/paused_runtime_input.py [--broker lite|pulsar] [--service-url pulsar://host:6650
         [--admin-url http://host:8080]] [--rate 2000]
         [--seconds 4] [--switch-after 1.5] [--runs 3] [--scenarios pause,close,close-late] [--at start,mid]
 

@@ -6,7 +6,8 @@ released early (or a stage's count disagrees), so a benchmark that no longer com
 build here instead of on the next person who runs it. Times are only printed (`pytest -s`, or the
 output of a failing case), never asserted: a 2-core CI machine gives no stable figure.
 
-bench/repro_*.py are reproductions, not benchmarks, and are not run. The Spark benchmarks run only
+bench/ holds benchmarks (bench_*.py) and their shared helpers (_*.py) only: reproductions of broker
+behaviour are tests or scripts/repro/. The Spark benchmarks run only
 where PySpark is installed (the `test` extra installs it); bench_vs_pulsar.py only when the run
 covers real Pulsar (TEST_BROKERS), and so does bench_deletion.py's
 `--storage pulsar`.
@@ -113,3 +114,10 @@ def test_every_benchmark_has_a_smoke_case() -> None:
     scripts = {p.name for p in BENCH.glob("bench_*.py")}
     covered = {c.values[0] for c in CASES}
     assert scripts - covered == set(), f"benchmarks without a smoke case: {sorted(scripts - covered)}"
+
+
+def test_bench_holds_benchmarks_and_their_helpers_only() -> None:
+    """A script in bench/ is a benchmark (bench_*.py, smoke-run above) or a helper the benchmarks
+    share (_*.py); a reproduction goes to a test or scripts/repro/."""
+    other = sorted(p.name for p in BENCH.glob("*.py") if not p.name.startswith(("bench_", "_")))
+    assert other == [], f"neither a benchmark nor a helper in bench/: {other}"

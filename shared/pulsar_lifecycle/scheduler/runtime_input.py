@@ -22,7 +22,7 @@ this module once did) leaves messages behind on any broker: the C++ client under
 runtime grants the broker a permit for each message as it takes it from its queue, before the
 listener runs, so a consumer paused by the message that started the writer still has a permit,
 and the next batch entry published after the hand-back is dispatched to it, where nothing acks,
-nacks or redelivers it while the instance lives (bench/repro_paused_runtime_input.py and
+nacks or redelivers it while the instance lives (scripts/repro/paused_runtime_input.py and
 docs/architecture.md, "Runtime input", show it with message ids).
 
 Pulsar's Python Context has no public way to close an input; the runtime's ContextImpl keeps its
