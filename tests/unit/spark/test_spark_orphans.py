@@ -198,7 +198,7 @@ def test_bookie_pages_listed_by_the_executors_in_rounds(spark, bookie_server, tm
 
 
 def test_owner_namespace_is_one_rule_in_python_and_in_spark(spark):
-    """orphans_job's column expression gives exactly orphans_model.namespace_of for every kind of owner."""
+    """driver_frames' column expression gives exactly model.namespace_of for every kind of owner."""
     from pyspark.sql import functions as F
 
     from pulsar_lifecycle.spark.orphans.driver_frames import _owner_ns
