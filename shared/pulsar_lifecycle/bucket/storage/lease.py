@@ -34,6 +34,7 @@ __all__ = [
     "LeaseLostError",
     "PartitionLeaseStore",
     "renewed_lease",
+    "superseded",
     "taken_lease",
 ]
 
@@ -72,17 +73,33 @@ class Lease:
         return lease
 
 
+def superseded(holder: str, owner: str) -> bool:
+    """True when `holder` is an earlier incarnation of the instance `owner` names.
+
+    Owners are named `<fqfn>/<instance id>/<incarnation>` (scheduler/factory.py). Pulsar runs
+    one copy of each instance id of a function: a worker starts instance i only once i's previous
+    assignment is gone (its worker stopped it, or died and the leader reassigned it). So a new
+    incarnation of i finding i's lease still running knows its holder is dead or being stopped,
+    and need not wait for the expiry; a holder that still runs is fenced by the new epoch."""
+    h, o = holder.rsplit("/", 1), owner.rsplit("/", 1)
+    return len(h) == 2 and len(o) == 2 and h[0] == o[0] and h[1] != o[1]
+
+
 def taken_lease(current: Optional[Lease], owner: str, now_ms: int, ttl_ms: int,
                 holder_dead: bool = False) -> Optional[Lease]:
     """The lease `owner` gets now, or None while another owner's lease still runs.
 
-    Free = never taken, released (`expires_ms == 0`), expired, or its holder known dead (the
-    directory store sees a dead holder's process lock go). A take always increments the epoch,
-    also for the same owner name: a restarted process must fence its own earlier incarnation.
+    Free = never taken, released (`expires_ms == 0`), expired, its holder known dead (the
+    directory store sees a dead holder's process lock go), or its holder an earlier incarnation
+    of the same instance (`superseded`: on the table service, which cannot see a dead holder,
+    an instance moved to another worker would otherwise wait out the lease). A take always
+    increments the epoch, also for the same owner name: a restarted process must fence its own
+    earlier incarnation.
     """
     if ttl_ms < 1:
         raise ValueError(f"lease ttl must be >= 1 ms, got {ttl_ms}")
-    if current is not None and not holder_dead and current.expires_ms > now_ms:
+    if current is not None and not holder_dead and current.expires_ms > now_ms \
+            and not superseded(current.owner, owner):
         return None
     epoch = (current.epoch if current is not None else 0) + 1
     return Lease(epoch, owner, now_ms + ttl_ms)
