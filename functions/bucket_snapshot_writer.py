@@ -18,10 +18,10 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from pulsar_lifecycle.dedup.publisher import normalize_topic
-from pulsar_lifecycle.runtime.context_api import pulsar_client
+from pulsar_lifecycle.runtime.context_api import num_instances, pulsar_client
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
-from pulsar_lifecycle.scheduler.wake import WakeTickHolder, arm_wake, position_of
+from pulsar_lifecycle.scheduler.wake import WakeTicks, arm_wake, position_of
 
 
 class BucketSnapshotWriter:
@@ -30,7 +30,7 @@ class BucketSnapshotWriter:
     def __init__(self) -> None:
         # Kept trivial: Pulsar's runtime silently changes mode if __init__ raises.
         self.service: Optional[SchedulerService] = None
-        self.wake = WakeTickHolder()
+        self.wake = WakeTicks()
 
     def _ensure_service(self, context: Any) -> SchedulerService:
         if self.service is not None and not self.service.healthy:
@@ -57,8 +57,11 @@ class BucketSnapshotWriter:
         msg_id = context.get_message_id()
         props = context.get_message_properties() or {}
         if service.config.tick_topic and normalize_topic(topic) == normalize_topic(service.config.tick_topic):
-            if not self.wake.on_tick(position_of(msg_id)):
-                context.ack(msg_id, topic)  # one tick stays unacked; every other one goes
+            # One tick stays unacked; every other one goes, passed on first when there are
+            # siblings: it may be the wake tick of a sibling being started again elsewhere.
+            self.wake.on_tick(position_of(msg_id), props, lambda: context.ack(msg_id, topic),
+                              client=pulsar_client(context), tick_topic=service.config.tick_topic,
+                              delay_ms=service.config.tick_time_millis, instances=num_instances(context))
             return None
         if isinstance(service, SchedulerService) and service.runtime_input_closed:
             # Direct intake: the message that started the service, or one still in the runtime's

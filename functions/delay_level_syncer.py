@@ -14,8 +14,8 @@ from typing import Any, Optional
 
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.delaylevel.wiring import build_syncer
-from pulsar_lifecycle.runtime.context_api import pulsar_client
-from pulsar_lifecycle.scheduler.wake import WakeTickHolder, arm_wake, position_of
+from pulsar_lifecycle.runtime.context_api import num_instances, pulsar_client
+from pulsar_lifecycle.scheduler.wake import WakeTicks, arm_wake, position_of
 
 
 class DelayLevelSyncer:
@@ -24,7 +24,7 @@ class DelayLevelSyncer:
     def __init__(self) -> None:
         # Kept trivial: Pulsar's runtime silently changes mode if __init__ raises.
         self.service: Optional[DelayLevelSyncerService] = None
-        self.wake = WakeTickHolder()
+        self.wake = WakeTicks()
 
     def _ensure_service(self, context: Any) -> DelayLevelSyncerService:
         if self.service is not None and not self.service.healthy:
@@ -38,10 +38,15 @@ class DelayLevelSyncer:
         return self.service
 
     def process(self, input: Any, context: Any) -> None:  # noqa: A002 - Pulsar's parameter name
-        self._ensure_service(context)
+        service = self._ensure_service(context)
         msg_id = context.get_message_id()
-        if not self.wake.on_tick(position_of(msg_id)):
-            context.ack(msg_id, context.get_current_message_topic_name())  # one tick stays unacked
+        topic = context.get_current_message_topic_name()
+        # One tick stays unacked; the others are acked, passed on first to a sibling instance
+        # that may be starting again elsewhere without one (scheduler/wake.py).
+        self.wake.on_tick(position_of(msg_id), context.get_message_properties() or {},
+                          lambda: context.ack(msg_id, topic), client=pulsar_client(context),
+                          tick_topic=service.cfg.tick_topic, delay_ms=service.cfg.tick_time_millis,
+                          instances=num_instances(context))
         return None
 
     def close(self) -> None:
