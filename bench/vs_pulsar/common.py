@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 from dataclasses import dataclass, field
@@ -49,8 +50,18 @@ class Ctx:
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def fresh_topic(tag: str) -> str:
-    return f"{NS}/vsp-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+def fresh_topic(tag: str, ns: str = NS) -> str:
+    return f"{ns}/vsp-{tag}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def fresh_dir(parent: Path, tag: str) -> Path:
+    """parent/tag, or parent/tag-2, -3, ... when a run before this one used it (--runs)."""
+    d, i = parent / tag, 1
+    while d.exists():
+        i += 1
+        d = parent / f"{tag}-{i}"
+    d.mkdir(parents=True)
+    return d
 
 
 def load(client: pulsar.Client, topic: str, n: int, payload_bytes: int, at_of: Callable[[int], int],
@@ -130,7 +141,7 @@ def start_writer(ctx: Ctx, tag: str) -> Tuple[wc.Topics, Path, int, subprocess.P
     """The shipped writer config on fresh topics, in its own localrun process, warmed up (one
     message through); its metrics (received_total) on the returned port, every second."""
     topics = wc.topics_for(tag)
-    wd = ctx.workdir / tag
+    wd = fresh_dir(ctx.workdir, tag)
     port = wc.free_port()
     config = wc.write_writer_config(wd, topics, metricsIntervalSeconds=1)
     consumer = wc.output_consumer(ctx.client, topics.out)

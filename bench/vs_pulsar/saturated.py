@@ -8,6 +8,7 @@ from typing import Any, Dict, Optional
 import _writer_common as wc
 from vs_pulsar.common import (
     Ctx,
+    fresh_dir,
     fresh_topic,
     load,
     require,
@@ -47,8 +48,7 @@ def summarize_rates(label: str, got: wc.Received, n: int, due_ms: Optional[float
 def saturated_pipe(ctx: Ctx) -> Dict[str, Any]:
     n, a = ctx.args.saturated, ctx.args
     topics = wc.topics_for("sat-pipe")
-    wd = ctx.workdir / "sat-pipe"
-    wd.mkdir(parents=True, exist_ok=True)
+    wd = fresh_dir(ctx.workdir, "sat-pipe")
     consumer = wc.output_consumer(ctx.client, topics.out)
     now = wc.now_ms()
     load_s = load(ctx.client, topics.sched, n, a.payload_bytes, lambda i: now, native=False)

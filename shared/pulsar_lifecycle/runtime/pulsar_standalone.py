@@ -46,9 +46,8 @@ TRACKERS = {
 }
 
 # What Pulsar's bin/pulsar gives the JVM on Java 17 (netty, metrics and the bookie reach into
-# JDK internals) plus a small heap: one standalone per test run on a 2-core machine.
+# JDK internals); the heap and GC come from the profile (PROFILES).
 _JVM_OPTS = [
-    "-Xms256m", "-Xmx1g", "-XX:MaxDirectMemorySize=1g", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError",
     "--add-opens", "java.base/java.lang=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
     "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens", "java.base/jdk.internal.loader=ALL-UNNAMED",
     "--add-opens", "java.management/sun.management=ALL-UNNAMED",
@@ -58,6 +57,22 @@ _JVM_OPTS = [
     "-Dzookeeper.4lw.commands.whitelist=ruok",
     "-Djava.net.preferIPv4Stack=true",
 ]
+
+# Memory and GC per profile. "small" (the default): a small heap, one standalone per test run on a
+# 2-core machine, with small bookie caches (_SMALL_BOOKIE_CACHES). "defaults": what Pulsar 4.0's
+# conf/pulsar_env.sh gives `bin/pulsar standalone` (PULSAR_MEM, PULSAR_GC, PULSAR_EXTRA_OPTS), with
+# the bookie's caches left to standalone.conf's defaults (sized from the direct memory).
+PROFILES: Dict[str, List[str]] = {
+    "small": ["-Xms256m", "-Xmx1g", "-XX:MaxDirectMemorySize=1g", "-XX:+UseG1GC", "-XX:+ExitOnOutOfMemoryError"],
+    "defaults": ["-Xms2g", "-Xmx2g", "-XX:MaxDirectMemorySize=4g",
+                 "-XX:+UseZGC", "-XX:+PerfDisableSharedMem", "-XX:+AlwaysPreTouch",
+                 "-Dpulsar.allocator.exit_on_oom=true", "-Dio.netty.recycler.maxCapacityPerThread=4096"],
+}
+_SMALL_BOOKIE_CACHES = {
+    "dbStorage_writeCacheMaxSizeMb": "32",
+    "dbStorage_readAheadCacheMaxSizeMb": "32",
+    "dbStorage_rocksDB_blockCacheSize": "16777216",
+}
 
 _LOG4J = """status = error
 appender.file.type = File
@@ -126,7 +141,8 @@ class PulsarStandalone:
     its function worker (process runtime; `worker_config` adds or overrides functions_worker.yml
     keys, see functions_worker_config; `env` replaces the JVM's environment, which the worker's
     instances inherit: their `python3` is the first on its PATH); `config` adds or overrides
-    standalone.conf keys; `stream_storage=False` starts no table service (a worker without
+    standalone.conf keys; `profile` the JVM's memory and GC and the bookie's caches ("small", the
+    default, or "defaults": Pulsar's own pulsar_env.sh and standalone.conf, see PROFILES); `stream_storage=False` starts no table service (a worker without
     function state: the standalone hands its worker the table service whenever it runs one).
     `data_dir` is kept
     across restarts when given (a data dir that ran before starts on the ports it ran on, kept in
@@ -142,6 +158,7 @@ class PulsarStandalone:
     worker_config: Dict[str, Any] = field(default_factory=dict)
     env: Optional[Dict[str, str]] = None
     config: Dict[str, str] = field(default_factory=dict)
+    profile: str = "small"
     log_level: str = "warn"
     start_timeout: float = 180.0
     version: Optional[str] = None
@@ -241,6 +258,8 @@ class PulsarStandalone:
             self.ports[name] = port
 
     def _standalone_conf(self) -> str:
+        if self.profile not in PROFILES:
+            raise PulsarSetupError(f"unknown standalone profile {self.profile!r}: use one of {sorted(PROFILES)}")
         if self.tracker not in TRACKERS:
             raise PulsarSetupError(f"unknown delayed-delivery tracker {self.tracker!r}: use one of {sorted(TRACKERS)}")
         assert self.data_dir is not None
@@ -272,9 +291,7 @@ class PulsarStandalone:
             "httpServerClass": "org.apache.bookkeeper.http.vertx.VertxHttpServer",
             "allowLoopback": "true",
             "statsProviderClass": "org.apache.bookkeeper.stats.NullStatsProvider",
-            "dbStorage_writeCacheMaxSizeMb": "32",
-            "dbStorage_readAheadCacheMaxSizeMb": "32",
-            "dbStorage_rocksDB_blockCacheSize": "16777216",
+            **(_SMALL_BOOKIE_CACHES if self.profile == "small" else {}),
             "journalDirectory": str(d / "bookkeeper" / "journal"),
             "ledgerDirectories": str(d / "bookkeeper" / "ledgers"),
         }
@@ -339,7 +356,7 @@ class PulsarStandalone:
             args.append("--no-functions-worker")
         # The ~300-jar classpath goes through a Java argument file, so `ps` shows a readable command.
         (d / "classpath.args").write_text(f'-cp "{self.release.classpath_arg}"\n')
-        cmd = [java, *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
+        cmd = [java, *PROFILES[self.profile], *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
                f"-Dpulsar.log.dir={d / 'logs'}", f"@{d / 'classpath.args'}",
                "org.apache.pulsar.PulsarStandaloneStarter", *args]
         env = dict(os.environ if self.env is None else self.env, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
@@ -452,4 +469,4 @@ class PulsarStandalone:
         self.stop()
 
 
-__all__ = ["PulsarStandalone", "PulsarSetupError", "TRACKERS", "functions_worker_config"]
+__all__ = ["PROFILES", "PulsarStandalone", "PulsarSetupError", "TRACKERS", "functions_worker_config"]
