@@ -17,8 +17,8 @@ worker (process runtime, function state on the table service) and the real `puls
 * the `real_worker` fixture (module scope: one standalone per test module, stopped with it);
   skipped when this run leaves out real Pulsar (TEST_BROKERS=lite).
 
-A cluster of several workers (one standalone broker, more workers) builds on
-`functions_worker_config` (runtime/pulsar_standalone.py) and `python_instance_dir`.
+A cluster of two workers (this standalone's and a second FunctionWorkerStarter) is
+support/worker_cluster.py, built on `functions_worker_config` (runtime/pulsar_standalone.py).
 """
 from __future__ import annotations
 
