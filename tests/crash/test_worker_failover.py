@@ -61,9 +61,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing, pyt
 
 PARTITIONS = 4
 WRITER_PARALLELISM = 2
-# The deletion worker's shipped parallelism is 4; on the 2-core machine shared with others, 4
-# more Python processes beside the writer's and the syncer's starve the move being measured.
-DELETION_PARALLELISM = 2
+DELETION_PARALLELISM = 4  # the shipped deletion worker's
 UNIT_S = 5
 NEAR_DELAY_MS = 3000
 PARKED_DELAY_MS = (15_000, 25_000)
@@ -81,7 +79,7 @@ class Sent:
 
 
 def _configs(tmp: Path, sa_admin: str, bookie_http: str) -> Dict[str, Tuple[Path, Dict]]:
-    """The three shipped configs, userConfig keys (and the deletion worker's parallelism) adapted."""
+    """The three shipped configs, userConfig keys (and the writer's tick mode) adapted."""
     out = {}
     writer = load_function_config(REPO / "function-configs" / "alternatives" / "bucket-snapshot-writer-partitioned.yaml")
     writer["parallelism"] = WRITER_PARALLELISM
@@ -94,7 +92,7 @@ def _configs(tmp: Path, sa_admin: str, bookie_http: str) -> Dict[str, Tuple[Path
                                 schedulingTopic=f"{writer['userConfig']['schedulingTopic']}-partition-0",
                                 schedulingSubscription=f"{writer['tenant']}/{writer['namespace']}/{writer['name']}")
     deleter = load_function_config(REPO / "function-configs" / "ledger-deletion-worker.yaml")
-    deleter["parallelism"] = DELETION_PARALLELISM
+    assert deleter["parallelism"] == DELETION_PARALLELISM, deleter["parallelism"]
     deleter["userConfig"] = dict(deleter["userConfig"], pulsarAdminUrl=sa_admin, bookieHttpUrls=[bookie_http],
                                  sendDelaySeconds=2, reconsumeLaterSeconds=3, ledgersCacheTtlSeconds=1)
     for key, cfg in (("writer", writer), ("syncer", syncer), ("deleter", deleter)):
