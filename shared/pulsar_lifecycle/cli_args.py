@@ -8,15 +8,13 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import Optional, Tuple
 
 import click
 
+from .config.function_config import FunctionConfigError, FunctionSpec, load_function_config, spec_from_config
 from .runtime.broker import broker_hosts
 from .topics import TopicName, TopicNameError, is_named_entity
-
-if TYPE_CHECKING:
-    from .config.function_config import FunctionSpec
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -99,14 +97,12 @@ def format_ms(epoch_ms: Optional[int]) -> str:
         "+00:00", "Z")
 
 
-def function_config_option(given: Optional[str], shipped: str, option: str) -> Optional[Tuple[str, "FunctionSpec"]]:
+def function_config_option(given: Optional[str], shipped: str, option: str) -> Optional[Tuple[str, FunctionSpec]]:
     """(path, spec) of the function config an option names, else of the shipped config `shipped`
     when it is here (the command runs from a checkout or an unpacked release), else None.
 
     A named file that is missing or is not a function config is refused with one line naming
     the option; which function it configures is the caller's check."""
-    from .config.function_config import FunctionConfigError, load_function_config, spec_from_config
-
     path = given or (shipped if Path(shipped).is_file() else None)
     if path is None:
         return None
