@@ -14,11 +14,13 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 
+import _java_dedup as java_dedup
 import _writer_common as wc
 from pulsar_lifecycle.runtime.client import quiet_client
 from vs_pulsar.common import (
     BenchFailure,
     Ctx,
+    fresh_dir,
     fresh_topic,
 )
 
@@ -41,6 +43,10 @@ DEDUP_CONTENDERS = {
     # Batched and resent from the checkpoint: a batch whose first id the broker has is dropped whole,
     # ids above the broker's last in that batch too (a finding, not a failure of the benchmark).
     "broker dedup, batched, from checkpoint": ("broker", True, "checkpoint"),
+    # The Java client's batches (bench/java/BatchedDedupProducer.java): Pulsar's pattern as above, but
+    # its batch container sends the batch's highest id too (highest_sequence_id), which the broker
+    # records as the producer's last: resuming past getLastSequenceId() skips what the topic has.
+    "broker dedup, Java client": ("java", True, "last-sequence-id"),
 }
 
 
@@ -138,14 +144,16 @@ def dedup(ctx: Ctx, label: str) -> Dict[str, Any]:
     k, a = ctx.args.dedup_messages, ctx.args
     kind, batched, resume = DEDUP_CONTENDERS[label]
     tag = re.sub(r"[^a-z0-9]+", "-", label.lower())
-    wd = ctx.workdir / f"dedup-{tag}"
-    wd.mkdir(parents=True, exist_ok=True)
+    wd = fresh_dir(ctx.workdir, f"dedup-{tag}")  # its own checkpoint and state in every run
     topic = fresh_topic(f"dedup-{kind}")
     consumer = wc.output_consumer(ctx.client, topic)
     ck = wd / "checkpoint"
-    cmd = [sys.executable, str(SCRIPT), "dedup-child", "--kind", kind, "--service-url", ctx.url,
-           "--topic", topic, "--state-dir", str(wd / "state"), "--checkpoint", str(ck), "--n", str(k),
-           "--payload-bytes", str(a.payload_bytes), "--resume", resume, *([] if batched else ["--unbatched"])]
+    if kind == "java":
+        cmd = java_dedup.command(ctx.url, topic, ck, k, a.payload_bytes, resume, batched, DEDUP_PRODUCER)
+    else:
+        cmd = [sys.executable, str(SCRIPT), "dedup-child", "--kind", kind, "--service-url", ctx.url,
+               "--topic", topic, "--state-dir", str(wd / "state"), "--checkpoint", str(ck), "--n", str(k),
+               "--payload-bytes", str(a.payload_bytes), "--resume", resume, *([] if batched else ["--unbatched"])]
 
     def launch() -> subprocess.Popen:
         with open(wd / "child.log", "ab") as out:
@@ -208,7 +216,7 @@ def dedup(ctx: Ctx, label: str) -> Dict[str, Any]:
     # when the resumed child had every send confirmed (it prints that instant as it ends)
     ends = re.findall(r"finished_ms=(\d+)", children[-1]) if children else []
     done_ms = float(ends[0]) if ends else None
-    naive = resume == "checkpoint" and kind == "broker" and batched
+    naive = resume == "checkpoint" and kind != "ours" and batched
     if killed_at is None or first is None or last is None or rc != 0 or done_ms is None or (missing and not naive):
         raise BenchFailure(f"dedup {label}: {len(seen):,} of {k:,} arrived (missing {id_ranges(missing)}), "
                            f"killed_at={killed_at}, rc={rc}: {wc.log_tail(wd / 'child.log')}")
@@ -234,3 +242,19 @@ def dedup(ctx: Ctx, label: str) -> Dict[str, Any]:
     return res
 
 
+def summary_dedup(results: Dict[str, Dict[str, Any]]) -> None:
+    """The summary's de-duplication lines: DedupPublisher against each broker variant and the best exact one."""
+    from vs_pulsar.report import ratio  # here: report imports this module
+
+    dd = results.get("dedup", {})
+    ours = dd.get("DedupPublisher")
+    for who, r in dd.items():
+        if ours and who != "DedupPublisher":
+            print(f"  dedup msg/s DedupPublisher/{who}: {ratio(ours['rate'], r['rate'])} ({ours['rate']:,.0f} vs "
+                  f"{r['rate']:,.0f}); duplicates {ours['duplicates']} / {r['duplicates']}, missing "
+                  f"{ours['missing']} / {r['missing']}")
+    exact = {who: r for who, r in dd.items() if who != "DedupPublisher" and not r["duplicates"] and not r["missing"]}
+    if ours and exact:
+        best = max(exact, key=lambda who: exact[who]["rate"])
+        print(f"  dedup msg/s DedupPublisher / the best exact broker variant ({best}): "
+              f"{ratio(ours['rate'], exact[best]['rate'])}")
