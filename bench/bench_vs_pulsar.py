@@ -129,8 +129,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                     help="';'-separated part:contender pairs to leave out, e.g. 'memory:inmemory;saturated:writer'")
     ap.add_argument("--json", default=None, help="write every figure to this file")
     ap.add_argument("--profile-writer", default=None,
-                    help="py-spy (on PATH or beside python) samples the writer during the saturated release into "
-                         "this directory (collapsed stacks, 50 Hz, --nonblocking)")
+                    help="py-spy (on PATH or beside python) samples the writer during the saturated release and "
+                         "the paced lateness run into this directory (collapsed stacks, 50 Hz, --nonblocking)")
     args = ap.parse_args(argv)
     if args.cmd == "dedup-child":
         dedup_child(args)

@@ -13,8 +13,10 @@ from vs_pulsar.common import (
     fresh_dir,
     fresh_topic,
     require,
+    start_profile,
     start_writer,
     stats_of,
+    stop_profile,
 )
 from vs_pulsar.plans import tick_of_label
 
@@ -38,8 +40,12 @@ def lateness(ctx: Ctx, label: str) -> Dict[str, Any]:
         start_ms = wc.now_ms() + PRODUCER_START_MS + a.lead_ms
         paced = wc.start_paced(ctx.url, topic, a.rate, a.seconds, start_ms, a.lead_ms, a.payload_bytes, wd,
                                native=proc is None)
-        got = wc.collect(consumer, n, (start_ms - wc.now_ms()) / 1000.0 + a.seconds + a.timeout, quiet_s=2.0,
-                         alive=proc)
+        spy = start_profile(a, proc.pid, "lateness-writer") if proc is not None else None
+        try:
+            got = wc.collect(consumer, n, (start_ms - wc.now_ms()) / 1000.0 + a.seconds + a.timeout, quiet_s=2.0,
+                             alive=proc)
+        finally:
+            stop_profile(spy)
         paced_rc = paced.wait(timeout=60)
     finally:
         if paced is not None and paced.poll() is None:
