@@ -13,6 +13,7 @@ import copy
 import os
 import re
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -147,11 +148,13 @@ def run_all(args: argparse.Namespace, parts: List[str]) -> Tuple[Dict[str, Dict[
                         res["run"], res["load_average"] = r + 1, round(os.getloadavg()[0], 2)
                         rec["runs"].append(res)
             finally:
+                # what a part left for a later one (memory -> recovery): its processes and consumers
                 for handle in ctx.handles.values():
-                    if isinstance(handle[-1], pulsar.Consumer):
-                        handle[-1].close()
-                    if len(handle) == 4:
-                        wc.stop_process(handle[2])
+                    for item in handle if isinstance(handle, (tuple, list)) else (handle,):
+                        if isinstance(item, subprocess.Popen):
+                            wc.stop_process(item)
+                        elif isinstance(item, pulsar.Consumer):
+                            item.close()
                 ctx.client.close()
                 broker.stop()
     return {part: {k: aggregate(rec) for k, rec in recs.items()} for part, recs in tallies.items()}, failures
