@@ -226,7 +226,8 @@ def memory_control(ctx: Ctx) -> Dict[str, Any]:
     print(f"  memory control (the same {m:,} as backlog, no deliver-at): heap after full GC "
           f"+{res['heap_used_growth'] / MB:.1f} MB, JVM direct +{res['direct_used_growth'] / MB:.1f} MB, RSS "
           f"+{res['rss_growth'] / MB:.1f} MB; grew most: {describe_classes(res['top_classes'][:5])}", flush=True)
-    ctx.handles["memory-control"] = (topic, growth, res, consumer)  # the driver closes the consumer
+    # (topic, readings, consumer): the driver closes the consumer at the end
+    ctx.handles["memory-control"] = (topic, (growth, res), consumer)
     return res
 
 
@@ -336,8 +337,8 @@ def memory_native(ctx: Ctx, label: str) -> Dict[str, Any]:
     # the JVM and grow as much for the same backlog without deliver-at (the control).
     res["tracker_own"] = res["index_bytes_growth"] + max(0.0, res["tracker_classes_bytes"])
     control = ctx.handles.get("memory-control")
-    control_res: Optional[Dict[str, Any]] = control[2] if control else None
-    net = net_of(growth, control[1] if control else None)
+    control_res: Optional[Dict[str, Any]] = control[1][1] if control else None
+    net = net_of(growth, control[1][0] if control else None)
     res["top_classes_net"] = top_classes(net)
     if control_res:
         # the broker's cost of the same backlog without deliver-at taken off: the tracker's own share
