@@ -55,6 +55,9 @@ _RKEY_KEY = "bk-rt-key-bin"
 SUCCESS = storage_pb2.SUCCESS
 BAD_REQUEST = storage_pb2.BAD_REQUEST
 KEY_NOT_FOUND = storage_pb2.KEY_NOT_FOUND
+# DistributedLog's MAX_LOGRECORD_SIZE (1 MB - 8 KB): the largest record the table service's store
+# writes to its log; a put (or a Txn) above it is refused (the request's framing is not counted here).
+MAX_RECORD = 1024 * 1024 - 8 * 1024
 
 
 def _valid_name(name: str) -> bool:
@@ -159,6 +162,10 @@ class _Storage:
 
     def put(self, data: Dict[bytes, _Record], r_key: bytes, req: kv_rpc_pb2.PutRequest, rev: int
             ) -> Tuple[int, kv_rpc_pb2.PutResponse]:
+        if len(req.key) + len(req.value) > MAX_RECORD:
+            # The real store writes the put as one log record and fails it with
+            # LogRecordTooLongException, which reaches the client as INTERNAL_SERVER_ERROR.
+            return storage_pb2.INTERNAL_SERVER_ERROR, kv_rpc_pb2.PutResponse()
         key = _store_key(r_key, req.key)
         old = data.get(key)
         resp = kv_rpc_pb2.PutResponse()
@@ -458,6 +465,8 @@ class _Table(_Base, kv_rpc_pb2_grpc.TableServiceServicer):
                 kind = op.WhichOneof("request")
                 if kind == "request_put":
                     code, r = self._st.put(work, r_key, op.request_put, rev)
+                    if code == storage_pb2.INTERNAL_SERVER_ERROR:  # one record: the whole Txn fails
+                        return kv_rpc_pb2.TxnResponse(header=self._header(code, request.header))
                     r.header.CopyFrom(self._header(code, request.header))
                     responses.append(kv_rpc_pb2.ResponseOp(response_put=r))
                 elif kind == "request_delete_range":

@@ -267,6 +267,36 @@ def test_bookkeeper_interrupted_journal_truncation_is_finished(bk_server: TableS
         st.close()
 
 
+@pytest.mark.parametrize("partitioned", [False, True], ids=["plain", "partition"])
+def test_bookkeeper_values_above_the_record_limit_with_the_default_chunks(bk_server: TableServer, partitioned: bool):
+    """The table service writes each put as one log record of at most 1 MB - 8 KB (the server
+    stand-in refuses larger ones as the real store does, with error 500): a journal batch of
+    1.5-1.7 MB (an intake gap's follower reads up to 20,000 messages) and a large manifest must go
+    through in chunks of the default size, plain and under a partition's lease."""
+    table = f"over-limit-{'p' if partitioned else 'u'}"
+    if partitioned:
+        st, leases, _lease = bookkeeper_partition_storage(bk_server.url, "my-tenant", "my-ns", table,
+                                                          "partition-0", "owner", 60_000)
+        closing = [st, leases]
+    else:
+        st = BookKeeperTableSnapshotStorage(bk_server.url, "my-tenant", "my-ns", table)
+        closing = [st]
+    try:
+        record, manifest = os.urandom(3 * 1024 * 1024), os.urandom(1_100_000)
+        rid = st.journal_append(record)
+        st.put_manifest(manifest)
+        assert st.journal_read()[-1] == (rid, record)
+        assert st.get_manifest() == manifest
+    finally:
+        for c in closing:
+            c.close()
+
+
+def test_bookkeeper_chunk_size_above_the_record_limit_is_refused():
+    with pytest.raises(ValueError, match="refuses a record above 1040384"):
+        BookKeeperTableSnapshotStorage("bk://127.0.0.1:1", chunk_size=1 << 20)
+
+
 def test_bookkeeper_unreachable_is_a_clear_error():
     with pytest.raises(StorageError, match="unreachable"):
         BookKeeperTableSnapshotStorage("bk://127.0.0.1:1", connect_timeout=0.3)

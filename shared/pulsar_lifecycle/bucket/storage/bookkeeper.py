@@ -14,9 +14,12 @@ put/get/delete/increment here, so everything is laid out on point keys under a p
     <p>journal/<id>              journal records (20-digit ids: ids first..next-1 are contiguous)
     <p>manifest, <p>cursor       replaced atomically
 
-Values above `chunk_size` (gRPC's default limit is 4 MB per message) are split: the key then
-holds a small header naming a fresh version, and the chunks live under `<key>#<version>/<i>`;
-the header put is the atomic switch, old chunks are deleted after it.
+Values above `chunk_size` are split: the table service writes each put (or Txn) as one record of
+its own log, and refuses a record above `TABLE_SERVICE_MAX_RECORD` (DistributedLog's
+MAX_LOGRECORD_SIZE, 1 MB - 8 KB, key and request included; the refused put comes back as error 500
+and the stock client retries it for a minute). The key then holds a small header naming a fresh
+version, and the chunks live under `<key>#<version>/<i>`; the header put is the atomic switch, old
+chunks are deleted after it.
 """
 from __future__ import annotations
 
@@ -41,7 +44,10 @@ from .lease import LeaseLostError
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CHUNK_SIZE = 1 << 20
+TABLE_SERVICE_MAX_RECORD = 1024 * 1024 - 8 * 1024
+# Room under the record limit for the key, the lease fence's compare and the request's framing.
+MAX_CHUNK_SIZE = TABLE_SERVICE_MAX_RECORD - 16 * 1024
+DEFAULT_CHUNK_SIZE = 512 * 1024
 _INLINE = b"\x00"
 _CHUNKED = b"\x01"
 _CHUNK_HEADER = struct.Struct("<QIQI")  # version, chunks, total length, crc32
@@ -99,8 +105,9 @@ class BookKeeperTableSnapshotStorage:
         op_timeout: float = DEFAULT_OP_TIMEOUT,
         create: bool = True,
     ) -> None:
-        if chunk_size < 1024:
-            raise ValueError(f"chunk_size must be >= 1024 bytes, got {chunk_size}")
+        if not 1024 <= chunk_size <= MAX_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be within 1024..{MAX_CHUNK_SIZE} bytes (the table service "
+                             f"refuses a record above {TABLE_SERVICE_MAX_RECORD}), got {chunk_size}")
         if not isinstance(prefix, str):
             raise ValueError(f"prefix must be a str, got {prefix!r}")
         self._prefix = prefix.encode("utf-8")
