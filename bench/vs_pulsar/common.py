@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
+import yaml
 
 import _writer_common as wc
 from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
@@ -137,13 +138,21 @@ def require(label: str, got: wc.Received, n: int, ours: bool, early: int = 0) ->
         print(f"    FINDING {label}: {got.duplicates} duplicate deliveries, {early} early", flush=True)
 
 
-def start_writer(ctx: Ctx, tag: str) -> Tuple[wc.Topics, Path, int, subprocess.Popen, pulsar.Consumer]:
+def start_writer(ctx: Ctx, tag: str, storage_url: Optional[str] = None
+                 ) -> Tuple[wc.Topics, Path, int, subprocess.Popen, pulsar.Consumer]:
     """The shipped writer config on fresh topics, in its own localrun process, warmed up (one
-    message through); its metrics (received_total) on the returned port, every second."""
+    message through); its metrics (received_total) on the returned port, every second.
+    `storage_url`: the index on that BookKeeper table service (where the shipped `auto` storage
+    puts it under Pulsar's function worker) instead of a directory."""
     topics = wc.topics_for(tag)
     wd = fresh_dir(ctx.workdir, tag)
     port = wc.free_port()
     config = wc.write_writer_config(wd, topics, metricsIntervalSeconds=1)
+    if storage_url:
+        cfg = yaml.safe_load(config.read_text())
+        del cfg["userConfig"]["snapshotDir"]
+        cfg["userConfig"]["snapshotStorageServiceUrl"] = storage_url
+        config.write_text(yaml.safe_dump(cfg))
     consumer = wc.output_consumer(ctx.client, topics.out)
     proc = wc.start_localrun(config, ctx.url, wd, port)
     try:

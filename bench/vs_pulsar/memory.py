@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pulsar
-import yaml
 
 import _writer_common as wc
 from pulsar_lifecycle.runtime.pulsar_release import java_executable
@@ -23,7 +22,6 @@ from vs_pulsar.common import (
     SUB,
     BenchFailure,
     Ctx,
-    fresh_dir,
     fresh_topic,
     load,
     spread_24h,
@@ -231,36 +229,13 @@ def memory_control(ctx: Ctx) -> Dict[str, Any]:
     return res
 
 
-def start_writer_on_table_service(ctx: Ctx, tag: str) -> Tuple[wc.Topics, Path, int, subprocess.Popen, pulsar.Consumer]:
-    """start_writer, with the index where the shipped `auto` storage puts it under Pulsar's function
-    worker: the BookKeeper table service of the function state (the standalone's), not a directory."""
-    topics = wc.topics_for(tag)
-    wd = fresh_dir(ctx.workdir, tag)
-    port = wc.free_port()
-    config = wc.write_writer_config(wd, topics, metricsIntervalSeconds=1)
-    cfg = yaml.safe_load(config.read_text())
-    del cfg["userConfig"]["snapshotDir"]
-    cfg["userConfig"]["snapshotStorageServiceUrl"] = ctx.broker.state_storage_url
-    config.write_text(yaml.safe_dump(cfg))
-    consumer = wc.output_consumer(ctx.client, topics.out)
-    proc = wc.start_localrun(config, ctx.url, wd, port)
-    try:
-        wc.warm_up(ctx.client, topics, consumer, proc, wd / "localrun.log")
-    except BaseException:
-        wc.stop_process(proc)
-        consumer.close()
-        raise
-    return topics, wd, port, proc, consumer
-
-
-# -- 3. memory and 4. recovery ---------------------------------------------------------------------------
 def memory_writer(ctx: Ctx, label: str = "writer") -> Dict[str, Any]:
     """The writer's RSS growth with M pending; `writer` keeps its index in a directory (localrun's
     `auto`), `writer, table service` on the standalone's table service (`auto` under a function
     worker). The broker JVM's growth beside it: the table service lives in the standalone's JVM."""
     m, a = ctx.args.pending, ctx.args
     on_table = label == "writer, table service"
-    topics, wd, port, proc, consumer = (start_writer_on_table_service(ctx, "mem-writer-bk") if on_table
+    topics, wd, port, proc, consumer = (start_writer(ctx, "mem-writer-bk", ctx.broker.state_storage_url) if on_table
                                         else start_writer(ctx, "mem-writer"))
     try:
         time.sleep(2.0)

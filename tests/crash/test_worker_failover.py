@@ -52,6 +52,7 @@ from pulsar_lifecycle.state.base import table_namespace
 from pulsar_lifecycle.state.bk_table import BookKeeperTable
 from pulsar_lifecycle.timing import DelayedProducer
 from support.crash_runs import create_partitioned_topic
+from support.helpers import wait_value
 from support.paths import REPO
 from support.real_worker import skip_unless_real_pulsar
 from support.worker_cluster import processes_left, start_worker_cluster, stop_worker_cluster
@@ -145,17 +146,6 @@ class LeaseWatch:
         return next((t for t, lease in self.history[k] if lease.epoch > epoch and lease.expires_ms > t * 1000), None)
 
 
-def _wait(what: str, check, timeout_s: float, interval_s: float = 0.5):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
-        time.sleep(interval_s)
-
-
 def _lateness(got: Dict[str, List[int]], due: Dict[str, int], start_ms: float, end_ms: float) -> Tuple[int, int, int]:
     """(count, p99, max) lateness in ms of the releases due in [start, end)."""
     late = sorted(max(0, at[0] - due[p]) for p, at in got.items() if p in due and start_ms <= due[p] < end_ms)
@@ -196,7 +186,7 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
         for key, n in instances.items():
             admin.wait_running(fq[key], n, timeout_s=300)
         watch = LeaseWatch(sa.state_storage_url, writer).start()
-        _wait("every partition leased", lambda: all(watch.current(k) for k in range(PARTITIONS)), timeout_s=180)
+        wait_value("every partition leased", lambda: all(watch.current(k) for k in range(PARTITIONS)), timeout_s=180)
 
         # -- the load ------------------------------------------------------------------------------
         run = uuid.uuid4().hex[:6]
@@ -289,7 +279,7 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
         def moved() -> bool:
             return all(watch.served_after(k, epochs_at_kill[k]) for k in moved_partitions)  # type: ignore[union-attr]
 
-        _wait("every partition of the lost worker served again", moved, timeout_s=240)
+        wait_value("every partition of the lost worker served again", moved, timeout_s=240)
         served_at = max(watch.served_after(k, epochs_at_kill[k]) or 0 for k in moved_partitions)
         for key, n in instances.items():
             admin.wait_running(fq[key], n, timeout_s=240)
@@ -302,11 +292,11 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
         epochs_at_rebalance = {k: watch.current(k).epoch for k in range(PARTITIONS)}  # type: ignore[union-attr]
         rebalanced_at = time.time()
         admin.run("functions-worker", "rebalance")
-        _wait("instances assigned to the returned worker",
+        wait_value("instances assigned to the returned worker",
               lambda: cluster.assignments().get(doomed), timeout_s=120)
         back = sorted(cluster.assignments().get(doomed, []))
         rebalance_moved = [k for k in range(PARTITIONS) if f"{fq['writer']}:{k % WRITER_PARALLELISM}" in back]
-        _wait("every partition moved by the rebalance served again",
+        wait_value("every partition moved by the rebalance served again",
               lambda: all(watch.served_after(k, epochs_at_rebalance[k]) for k in rebalance_moved),  # type: ignore[union-attr]
               timeout_s=240)
         rebalance_served_at = max([watch.served_after(k, epochs_at_rebalance[k]) or rebalanced_at
@@ -334,7 +324,7 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
             return all(any(re.search(rf"(dead-letter|deleted|already gone) topic=\S+ ledger={ledger}\b", ln)
                            for ln in lines) for ledger in requested)
 
-        _wait("every deletion request settled", settled, timeout_s=180, interval_s=2)
+        wait_value("every deletion request settled", settled, timeout_s=180, interval_s=2)
         still = bookie.list_ledger_ids()
         wrongly_deleted = [ledger for ledger in requested if ledger not in still]
         pa.close()

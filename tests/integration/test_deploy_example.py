@@ -26,7 +26,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Set, Tuple
+from typing import Dict, List, Set, Tuple
 
 import pulsar
 import pytest
@@ -44,7 +44,7 @@ from pulsar_lifecycle.packaging.zip_builder import build_wheel
 from pulsar_lifecycle.state.bk_table import BookKeeperStateStore
 from pulsar_lifecycle.timing import DelayedProducer
 from support.docs_blocks import doc_blocks
-from support.helpers import publish_all, wait_for
+from support.helpers import publish_all, wait_for, wait_value
 from support.paths import REPO
 from support.real_worker import PulsarAdmin, RealWorker, skip_unless_real_pulsar, start_worker_standalone
 from support.zookeeper import ZooKeeperClient, ledger_znode
@@ -100,17 +100,6 @@ def _series(scrape: str) -> Dict[str, List[Dict[str, str]]]:
             labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2) or ""))
             out.setdefault(m.group(1), []).append(labels)
     return out
-
-
-def _wait_for(what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout_s}s")
-        time.sleep(interval_s)
 
 
 class Releases:
@@ -236,7 +225,7 @@ def test_the_docs_deploy_example_runs_as_written(real_worker: RealWorker, deploy
         # `functions restart`: the worker stops the instance and starts it again.
         before = real_worker.instance_pids(writer, 0)
         assert admin.restart(writer, 0) == "Restarted successfully"
-        _wait_for("a new writer process after `functions restart`",
+        wait_value("a new writer process after `functions restart`",
                   lambda: (real_worker.instance_pids(writer, 0) or before) != before, timeout_s=120)
         admin.wait_running(writer, 1, timeout_s=300)
         due.update(_schedule(producer, run, 250, 20, int(time.time() * 1000) + 3000))
@@ -322,7 +311,7 @@ def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorke
         def restarted(fqfn: str = fqfn, n: int = n) -> bool:
             return all(real_worker.instance_pids(fqfn, i) not in ([], before[fqfn][i]) for i in range(n))
 
-        _wait_for(f"{fqfn}: every instance started again by `functions update`", restarted, timeout_s=180)
+        wait_value(f"{fqfn}: every instance started again by `functions update`", restarted, timeout_s=180)
         admin.wait_running(fqfn, n, timeout_s=300)
     assert admin.get(syncer)["userConfig"]["delayLevelTopic"] == syncer_cfg["userConfig"]["delayLevelTopic"]
 
@@ -368,7 +357,7 @@ def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorke
         def retried(ledger: int) -> bool:
             return f"retry sent ledger={ledger} " in _deletion_logs(real_worker, deleter, deleter_n)
 
-        _wait_for("a retry of the request for gone's cursor ledger (still in use)", lambda: retried(cursors["gone"]),
+        wait_value("a retry of the request for gone's cursor ledger (still in use)", lambda: retried(cursors["gone"]),
                   timeout_s=120)
         # Removing "gone" orphans its cursor ledger: the broker's own delete fails.
         zk = ZooKeeperClient(sa.host, sa.ports["zookeeper"])
@@ -389,7 +378,7 @@ def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorke
         requests.put(f"{sa.admin_url}/admin/v2/persistent/{topic.short_name}/unload", timeout=30)
         client.create_producer(topic.full_name).send(b"after")
         assert max(pa.in_use_ledger_ids(topic) or {0}) > cursors["gone"]
-        _wait_for("the orphan deleted by a retry", lambda: cursors["gone"] not in bookie.list_ledger_ids(),
+        wait_value("the orphan deleted by a retry", lambda: cursors["gone"] not in bookie.list_ledger_ids(),
                   timeout_s=180)
         logs = _deletion_logs(real_worker, deleter, deleter_n)
         assert re.search(rf"deleted topic=\S+ ledger={cursors['gone']}\b", logs), logs[-3000:]
@@ -423,7 +412,7 @@ def test_the_shipped_set_joins_up_through_the_real_worker(real_worker: RealWorke
 
     for fqfn in fns.values():
         admin.delete(fqfn)
-    _wait_for("every instance stopped after `functions delete`",
+    wait_value("every instance stopped after `functions delete`",
               lambda: not any(real_worker.instance_pids(f, i) for f in fns.values() for i in range(8)), timeout_s=120)
     assert not set(admin.list()) & {f.split("/")[-1] for f in fns.values() if f.startswith("public/default/")}
     print(f"shipped set: orphan {cursors['gone']} deleted after a retry, live {live} kept; "
@@ -438,7 +427,7 @@ def _check_user_metrics(real_worker: RealWorker, writer: str) -> None:
         return [s for s in series if s.get("metric") == "pulsar_lifecycle_scheduler_released_total"
                 and s.get("fqfn") == writer]
 
-    found = _wait_for("the writer's released_total recording", released_series, timeout_s=90)
+    found = wait_value("the writer's released_total recording", released_series, timeout_s=90)
     tenant, namespace, name = writer.split("/")
     assert found == [{"tenant": tenant, "namespace": namespace, "name": name, "instance_id": "0",
                       "cluster": "standalone", "fqfn": writer,
@@ -504,7 +493,7 @@ def _wait_refused(real_worker: RealWorker, fqfn: str, expected: str) -> None:
     def logged() -> bool:
         return expected in real_worker.instance_log_text(fqfn, 0)
 
-    _wait_for(f"the instance's log naming {expected!r}", logged, timeout_s=120)
+    wait_value(f"the instance's log naming {expected!r}", logged, timeout_s=120)
     assert "Exception while executing user method" in real_worker.instance_log_text(fqfn, 0)
 
 
@@ -525,7 +514,7 @@ def test_directory_storage_is_refused_until_an_update_sets_snapshotDir(real_work
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     before = real_worker.instance_pids(fqfn, 0)
     assert admin.update(fqfn, "--function-config-file", str(path)) == "Updated successfully"
-    _wait_for("the instance started again by `functions update`",
+    wait_value("the instance started again by `functions update`",
               lambda: (real_worker.instance_pids(fqfn, 0) or before) != before, timeout_s=120)
     admin.wait_running(fqfn, 1, timeout_s=180)
     client = pulsar.Client(real_worker.service_url, operation_timeout_seconds=30)

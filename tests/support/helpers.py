@@ -4,7 +4,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pulsar
 
@@ -26,6 +26,19 @@ def wait_for(cond: Callable[[], bool], timeout: float = 20.0, interval: float = 
             return True
         time.sleep(interval)
     return cond()
+
+
+def wait_value(what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 0.5) -> Any:
+    """Poll `check` until it returns something true and return that; AssertionError naming `what`
+    after `timeout_s` seconds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout_s:.0f} s")
+        time.sleep(interval_s)
 
 
 def count_by(messages: List[pulsar.Message], fn: Callable[[pulsar.Message], str]) -> Dict[str, int]:

@@ -35,7 +35,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.pulsar_release import java_executable
-from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone, functions_worker_config
+from pulsar_lifecycle.runtime.pulsar_standalone import JVM_OPTS, LOG4J_FILE, PulsarStandalone, functions_worker_config
 from support.real_worker import (
     INSTANCE_MAIN,
     LIVENESS_CHECK_MS,
@@ -52,19 +52,7 @@ log = logging.getLogger(__name__)
 
 WORKER_STARTER = "org.apache.pulsar.functions.worker.FunctionWorkerStarter"
 _JVM_OPTS = ["-Xms128m", "-Xmx512m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-XX:+ExitOnOutOfMemoryError",
-             "--add-opens", "java.base/java.lang=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
-             "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED",
-             "--add-opens", "java.base/jdk.internal.loader=ALL-UNNAMED",
-             "-Dio.netty.tryReflectionSetAccessible=true", "-Djava.net.preferIPv4Stack=true"]
-_LOG4J = """status = error
-appender.file.type = File
-appender.file.name = file
-appender.file.fileName = {log}
-appender.file.layout.type = PatternLayout
-appender.file.layout.pattern = %d{{ISO8601}} %-5p [%t] %c{{1}} - %m%n
-rootLogger.level = {level}
-rootLogger.appenderRef.file.ref = file
-"""
+             *JVM_OPTS]
 # Kills the worker's process group (the JVM and its instances) when the test process dies.
 _WATCHDOG = "while kill -0 {owner} 2>/dev/null; do sleep 0.5; done; kill -9 -{pgid} 2>/dev/null"
 
@@ -136,7 +124,7 @@ class SecondWorker:
         conf = self.data_dir / "functions_worker.yml"
         conf.write_text(self.config_text())
         (self.data_dir / "log4j2.properties").write_text(
-            _LOG4J.format(log=self.log_path, level=os.environ.get("TEST_PULSAR_LOG_LEVEL", "info").upper()))
+            LOG4J_FILE.format(log=self.log_path, level=os.environ.get("TEST_PULSAR_LOG_LEVEL", "info").upper()))
         (self.data_dir / "classpath.args").write_text(f'-cp "{sa.release.classpath_arg}"\n')
         cmd = [java_executable(), *_JVM_OPTS, f"-Dlog4j.configurationFile={self.data_dir / 'log4j2.properties'}",
                f"-Dpulsar.log.dir={self.log_dir}", f"@{self.data_dir / 'classpath.args'}", WORKER_STARTER,

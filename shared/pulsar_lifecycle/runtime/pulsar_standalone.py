@@ -46,8 +46,9 @@ TRACKERS = {
 }
 
 # What Pulsar's bin/pulsar gives the JVM on Java 17 (netty, metrics and the bookie reach into
-# JDK internals); the heap and GC come from the profile (PROFILES).
-_JVM_OPTS = [
+# JDK internals); the heap and GC come from the profile (PROFILES). A second function worker of the
+# same release takes them too (tests/support/worker_cluster.py).
+JVM_OPTS = [
     "--add-opens", "java.base/java.lang=ALL-UNNAMED", "--add-opens", "java.base/java.nio=ALL-UNNAMED",
     "--add-opens", "java.base/sun.nio.ch=ALL-UNNAMED", "--add-opens", "java.base/jdk.internal.loader=ALL-UNNAMED",
     "--add-opens", "java.management/sun.management=ALL-UNNAMED",
@@ -74,7 +75,7 @@ _SMALL_BOOKIE_CACHES = {
     "dbStorage_rocksDB_blockCacheSize": "16777216",
 }
 
-_LOG4J = """status = error
+LOG4J_FILE = """status = error
 appender.file.type = File
 appender.file.name = file
 appender.file.fileName = {log}
@@ -341,7 +342,7 @@ class PulsarStandalone:
         (d / "ports.json").write_text(json.dumps(self.ports))
         conf = d / "standalone.conf"
         conf.write_text(self._standalone_conf())
-        (d / "log4j2.properties").write_text(_LOG4J.format(log=self.log_path, level=self.log_level.upper()))
+        (d / "log4j2.properties").write_text(LOG4J_FILE.format(log=self.log_path, level=self.log_level.upper()))
         args = ["--config", str(conf), "--zookeeper-port", str(self.ports["zookeeper"]),
                 "--bookkeeper-port", str(self.ports["bookie"]), "--stream-storage-port", str(self.ports["stream"]),
                 "--zookeeper-dir", str(d / "zookeeper"), "--bookkeeper-dir", str(d / "bookkeeper"),
@@ -356,7 +357,7 @@ class PulsarStandalone:
             args.append("--no-functions-worker")
         # The ~300-jar classpath goes through a Java argument file, so `ps` shows a readable command.
         (d / "classpath.args").write_text(f'-cp "{self.release.classpath_arg}"\n')
-        cmd = [java, *PROFILES[self.profile], *_JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
+        cmd = [java, *PROFILES[self.profile], *JVM_OPTS, f"-Dlog4j.configurationFile={d / 'log4j2.properties'}",
                f"-Dpulsar.log.dir={d / 'logs'}", f"@{d / 'classpath.args'}",
                "org.apache.pulsar.PulsarStandaloneStarter", *args]
         env = dict(os.environ if self.env is None else self.env, PULSAR_STANDALONE_USE_ZOOKEEPER="1")
