@@ -66,10 +66,13 @@ def fresh_dir(parent: Path, tag: str) -> Path:
 
 
 def load(client: pulsar.Client, topic: str, n: int, payload_bytes: int, at_of: Callable[[int], int],
-         native: bool, first: int = 0, every: Optional[Callable[[], None]] = None) -> float:
+         native: bool, first: int = 0, every: Optional[Callable[[], None]] = None, batched: bool = True) -> float:
     """Send messages first..first+n-1 (payload_of(i), deliver-at property at_of(i); with `native` also
-    pulsar-client's deliver_at); returns the seconds until all are confirmed."""
-    producer = wc.batching_producer(client, topic)
+    pulsar-client's deliver_at); returns the seconds until all are confirmed. `batched=False`: one
+    entry each, as pulsar-client sends the broker contenders' deliver-at messages (a tracker's control)."""
+    producer = (wc.batching_producer(client, topic) if batched else
+                client.create_producer(topic, batching_enabled=False, max_pending_messages=5000,
+                                       block_if_queue_full=True))
     failed: List[object] = []
 
     def cb(res: pulsar.Result, _mid: object) -> None:

@@ -9,14 +9,11 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Tuple
-
-import pulsar
+from typing import Any, Dict, List, Optional, Tuple
 
 import _writer_common as wc
 from pulsar_lifecycle.runtime.pulsar_release import java_executable
 from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
-from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from vs_pulsar.common import (
     MB,
     SUB,
@@ -170,29 +167,6 @@ def describe_classes(rows: List[Tuple[str, int, int]]) -> str:
     return ", ".join(f"{c} +{b / MB:.1f} MB ({n:+,})" for c, n, b in rows)
 
 
-def load_unbatched(client: pulsar.Client, topic: str, n: int, payload_bytes: int, at_of: Callable[[int], int],
-                   first: int = 0) -> float:
-    """common.load's messages (payload_of(i), deliver-at property) one entry each, as pulsar-client sends
-    the broker contenders' deliver-at messages, but with no deliver_at; the seconds until all are confirmed."""
-    producer = client.create_producer(topic, batching_enabled=False, max_pending_messages=5000,
-                                      block_if_queue_full=True)
-    failed: List[object] = []
-
-    def cb(res: pulsar.Result, _mid: object) -> None:
-        if res != pulsar.Result.Ok:
-            failed.append(res)
-
-    t0 = time.perf_counter()
-    for i in range(first, first + n):
-        producer.send_async(wc.payload_of(i, payload_bytes), cb, properties={DELIVER_AT_PROP: str(at_of(i))})
-    producer.flush()
-    seconds = time.perf_counter() - t0
-    producer.close()
-    if failed:
-        raise BenchFailure(f"{len(failed)} of {n} sends to {topic} failed: {failed[:3]}")
-    return seconds
-
-
 def memory_control(ctx: Ctx) -> Dict[str, Any]:
     """The control of a tracker's memory: the same M messages (payloads and deliver-at property), no
     broker deliver-at, held as the subscription's backlog with the same consumer connected. What the
@@ -202,12 +176,12 @@ def memory_control(ctx: Ctx) -> Dict[str, Any]:
     consumer = wc.output_consumer(ctx.client, topic)
     try:
         now = wc.now_ms()
-        load_unbatched(ctx.client, topic, 1, a.payload_bytes, lambda i: now, first=10**9 - 1)
+        load(ctx.client, topic, 1, a.payload_bytes, lambda i: now, native=False, first=10**9 - 1, batched=False)
         consumer.acknowledge(consumer.receive(timeout_millis=60_000))
         before = jvm_memory(ctx.broker, topic)
         hist0 = class_histogram(ctx.broker)
         t0 = time.monotonic()
-        load_s = load_unbatched(ctx.client, topic, m, a.payload_bytes, spread_24h(wc.now_ms()))
+        load_s = load(ctx.client, topic, m, a.payload_bytes, spread_24h(wc.now_ms()), native=False, batched=False)
         held, _ = wait_until(lambda: int(sub_stats(ctx.broker, topic).get("msgBacklog", -1)), m,
                              time.monotonic() + a.timeout + m / 500)
         if held < m:
