@@ -28,12 +28,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pulsar
 
 from ..state.base import StateStore
-from ..topics import TopicName
+from ..topics import TopicName, partition_name
 from .channel import (
     SNAPSHOT_KEY_PREFIX,
     Outcome,
@@ -44,6 +45,7 @@ from .channel import (
     TopicChannel,
     snapshot_key,
 )
+from .partition_router import DEFAULT_KEY_HASHING, RoutingHistory, key_hasher
 from .recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, RecoveryError, TailStats, position_of, read_tail
 from .sequence_map import (
     DEFAULT_MAX_PRODUCERS,
@@ -60,6 +62,27 @@ log = logging.getLogger(__name__)
 
 RESERVED_PROPERTIES = (PRODUCER_PROPERTY, SEQUENCE_PROPERTY)
 _RESERVED = frozenset(RESERVED_PROPERTIES)
+ROUTING_KEY_PREFIX = "dedup-routing"
+# How often a partitioned topic's partition count is looked up again (Pulsar's clients: 60 s,
+# autoUpdatePartitionsInterval).
+PARTITION_REFRESH_S = 60.0
+
+
+def routing_key(producer_name: str, topic: str) -> str:
+    """The state-store key of one (producer, partitioned topic) routing history."""
+    return f"{ROUTING_KEY_PREFIX}/{producer_name}@{topic}"
+
+
+@dataclass
+class _Route:
+    """What the publisher knows of one topic's partitions (history empty: not partitioned)."""
+
+    history: RoutingHistory
+    next_check: float
+
+    @property
+    def partitioned(self) -> bool:
+        return self.history.partitions > 0
 
 
 def normalize_topic(topic: str) -> str:
@@ -99,6 +122,8 @@ class DedupPublisher:
         producer_properties: Optional[Mapping[str, str]] = None,
         recovery_timeout_s: float = 120.0,
         recovery_max_messages: int = 10_000_000,
+        key_hashing: str = DEFAULT_KEY_HASHING,
+        partition_refresh_s: float = PARTITION_REFRESH_S,
     ) -> None:
         if not isinstance(producer_name, str) or not producer_name.strip():
             raise ValueError(f"producer_name must be a non-empty str, got {producer_name!r}")
@@ -119,6 +144,10 @@ class DedupPublisher:
         self.producer_properties = dict(producer_properties or {})
         self.recovery_timeout_s = recovery_timeout_s
         self.recovery_max_messages = recovery_max_messages
+        self.key_hashing = key_hashing
+        self._key_hash = key_hasher(key_hashing)  # RoutingError (a ValueError) for an unknown name
+        self.partition_refresh_s = partition_refresh_s
+        self._routes: Dict[str, _Route] = {}
         # Validates the map settings now rather than at the first publish.
         SequenceMap("validation", snapshot_interval=snapshot_interval, max_producers=max_producers)
         self._channels: Dict[str, TopicChannel] = {}
@@ -130,15 +159,109 @@ class DedupPublisher:
     # -- opening and recovery --------------------------------------------------------------
 
     def open(self, topic: str) -> int:
-        """Recover `topic` (if not yet open) and create its producer; returns the highest persisted id."""
-        return self._channel(normalize_topic(topic)).seqmap.highest_persisted(self.producer_name)
+        """Recover `topic` (if not yet open) and create its producer; returns the highest persisted id.
 
-    def _channel_for(self, topic: str) -> TopicChannel:
-        """The channel of `topic` as the caller spells it (the normalized name is cached)."""
+        For a partitioned topic every partition is opened, and the highest id persisted on any of
+        them is returned."""
+        full = normalize_topic(topic)
+        route = self._route(full)
+        if not route.partitioned:
+            return self._channel(full).seqmap.highest_persisted(self.producer_name)
+        return max(self._channel(partition_name(full, p)).seqmap.highest_persisted(self.producer_name)
+                   for p in range(route.history.partitions))
+
+    # -- partitioned topics ----------------------------------------------------------------
+
+    def _route(self, full: str) -> _Route:
+        """How `full` is routed: looked up on first use, and again every partition_refresh_s while
+        it is partitioned (a topic can gain partitions, never lose them or stop being partitioned)."""
+        route = self._routes.get(full)
+        now = time.monotonic()
+        if route is not None and (not route.partitioned or now < route.next_check):
+            return route
+        with self._lock:
+            lock = self._open_locks.setdefault(f"route:{full}", threading.Lock())
+        with lock:
+            route = self._routes.get(full)
+            if route is not None and (not route.partitioned or now < route.next_check):
+                return route
+            names = [normalize_topic(p) for p in self.client.get_topic_partitions(full)]
+            count = 0 if names == [full] else len(names)
+            if route is None:
+                history = RoutingHistory()
+                if count:
+                    raw = self.state_store.get(routing_key(self.producer_name, full))
+                    if raw is not None:
+                        history = RoutingHistory.from_bytes(raw)
+                route = _Route(history, 0.0)
+            if count > route.history.partitions:
+                self._grow(full, route.history, count)
+            route.next_check = now + self.partition_refresh_s
+            self._routes[full] = route
+            return route
+
+    def _grow(self, full: str, history: RoutingHistory, count: int) -> None:
+        """Route `full` over `count` partitions from the first id above everything sent to its
+        current partitions (recovered from them), and store that before anything uses it: an id
+        sent, or lost in a crash, under the old count is routed under the old count again."""
+        from_seq = 0
+        if history.partitions:
+            pushed = [self._channel(partition_name(full, p)).seqmap.highest_pushed(self.producer_name)
+                      for p in range(history.partitions)]
+            from_seq = max(pushed) + 1
+        old = history.partitions
+        history.grow(count, from_seq)
+        self.state_store.put(routing_key(self.producer_name, full), history.to_bytes())
+        log.info("event=dedup_partitions_routed topic=%s producer=%s partitions=%d previous=%d from_seq=%d",
+                 full, self.producer_name, count, old, from_seq)
+
+    def partitions(self, topic: str) -> int:
+        """The partition count `topic` is routed over now (0: not partitioned)."""
+        return self._route(normalize_topic(topic)).history.partitions
+
+    def destination(self, topic: str, sequence_id: int, partition_key: Optional[str] = None) -> str:
+        """The topic a message with this id and key is published to: `topic` itself, or for a
+        partitioned topic the partition its key (or, without a key, its id) routes it to."""
+        full = self._full(topic)
+        route = self._route(full)
+        if not route.partitioned:
+            return full
+        return partition_name(full, route.history.route(partition_key, sequence_id, self._key_hash))
+
+    def route(self, topic: str, messages: Sequence[OutMessage]) -> List[Tuple[str, List[OutMessage]]]:
+        """`messages` grouped by the topic each is published to (a partition of a partitioned
+        topic, else `topic`), groups in the order of their first message, messages in order.
+        Callers that track a watermark per destination publish each group with `publish_many`."""
+        full = self._full(topic)
+        route = self._route(full)
+        if not route.partitioned:
+            return [(full, list(messages))]
+        history, key_hash = route.history, self._key_hash
+        groups: Dict[int, List[OutMessage]] = {}
+        for m in messages:
+            p = history.route(m.partition_key, m.sequence_id, key_hash)
+            g = groups.get(p)
+            if g is None:
+                g = groups[p] = []
+            g.append(m)
+        return [(partition_name(full, p), g) for p, g in groups.items()]
+
+    def _full(self, topic: str) -> str:
         full = self._names.get(topic)
         if full is None:
             full = normalize_topic(topic)
             self._names[topic] = full
+        return full
+
+    def _channel_for(self, topic: str, sequence_id: int, partition_key: Optional[str]) -> TopicChannel:
+        """The channel a message goes to on `topic` as the caller spells it: the topic's own, or
+        for a partitioned topic its routed partition's."""
+        full = self._full(topic)
+        route = self._routes.get(full)
+        if route is None or route.partitioned:
+            route = self._route(full)
+            if route.partitioned:
+                full = partition_name(full, route.history.route(partition_key, sequence_id, self._key_hash))
         return self._channel(full)
 
     def _channel(self, topic: str) -> TopicChannel:
@@ -157,16 +280,7 @@ class DedupPublisher:
                     self._channels[topic] = ch
         return ch
 
-    def _check_not_partitioned(self, topic: str) -> None:
-        parts = [normalize_topic(p) for p in self.client.get_topic_partitions(topic)]
-        if parts != [topic]:
-            raise ValueError(
-                f"topic {topic} is partitioned ({len(parts)} partitions): de-duplication is per partition, "
-                "publish to each partition by name (<topic>-partition-<k>)"
-            )
-
     def _open_channel(self, topic: str) -> TopicChannel:
-        self._check_not_partitioned(topic)
         seqmap = SequenceMap(topic, snapshot_interval=self.snapshot_interval, max_producers=self.max_producers)
         key = snapshot_key(self.producer_name, topic)
         raw = self.state_store.get(key)
@@ -252,7 +366,7 @@ class DedupPublisher:
         props = self._checked_message(payload, sequence_id, properties)
         if self._closed:
             raise PublishError(f"publisher {self.producer_name} is closed")
-        ch = self._channel_for(topic)
+        ch = self._channel_for(topic, sequence_id, partition_key)
         if ch.due_snapshot is not None:  # unlocked peek; write_due_snapshot re-checks under the lock
             ch.write_due_snapshot()
         return ch.publish(payload, sequence_id, props, callback=callback, partition_key=partition_key,
@@ -274,13 +388,34 @@ class DedupPublisher:
         not check its keys' and values' types. For dicts that are str -> str by construction,
         such as `Message.properties()` (the syncer's forwards: per message, the copy and the
         check cost as much as a third of the send).
+
+        To a partitioned topic each message goes to the partition `route` gives it (its key's,
+        or without a key its id's), de-duplicated there; outcomes are in the order given.
         """
         if self._closed:
             raise PublishError(f"publisher {self.producer_name} is closed")
-        ch = self._channel_for(topic)
-        if ch.due_snapshot is not None:
-            ch.write_due_snapshot()
-        return ch.publish_many(messages, self._owned_message if properties_owned else self._checked_message)
+        check = self._owned_message if properties_owned else self._checked_message
+        full = self._full(topic)
+        route = self._routes.get(full)
+        if route is None or route.partitioned:
+            route = self._route(full)
+        if not route.partitioned:
+            ch = self._channel(full)
+            if ch.due_snapshot is not None:
+                ch.write_due_snapshot()
+            return ch.publish_many(messages, check)
+        history, key_hash = route.history, self._key_hash
+        groups: Dict[int, List[int]] = {}
+        for i, m in enumerate(messages):
+            groups.setdefault(history.route(m.partition_key, m.sequence_id, key_hash), []).append(i)
+        outcomes: List[Outcome] = [Outcome.DUPLICATE] * len(messages)
+        for p, idx in groups.items():
+            ch = self._channel(partition_name(full, p))
+            if ch.due_snapshot is not None:
+                ch.write_due_snapshot()
+            for i, o in zip(idx, ch.publish_many([messages[i] for i in idx], check)):
+                outcomes[i] = o
+        return outcomes
 
     def check(self) -> None:
         """Raise PublishError if a send on any topic failed (the channel then refuses publishes)."""
@@ -323,6 +458,7 @@ class DedupPublisher:
 
     def persisted_seq(self, topic: str) -> int:
         """Highest id such that it and every id pushed before it are on the topic (-1 if none).
+        `topic` is a plain topic or one partition (`destination` names it), not a partitioned one.
 
         A caller that commits its own progress only up to this id never commits a message that a
         crash could lose.
@@ -364,13 +500,15 @@ class DedupPublisher:
             if ch.failed is not None:
                 raise ch.send_failed_error()
 
-    def wait_persisted(self, topic: str, sequence_id: int, timeout_s: Optional[float] = 30.0) -> None:
+    def wait_persisted(self, topic: str, sequence_id: int, timeout_s: Optional[float] = 30.0, *,
+                       partition_key: Optional[str] = None) -> None:
         """Wait until `sequence_id` and every id pushed before it on `topic` are persisted there
         (a DUPLICATE id counts: it was persisted earlier), and write a due snapshot. Lets a caller
-        confirm one burst while the next is already being sent (`flush` waits for all).
+        confirm one burst while the next is already being sent (`flush` waits for all). On a
+        partitioned topic: on the partition the id (and `partition_key`) routes to.
 
         Raises PublishError if a send failed, TimeoutError after `timeout_s` (None: never)."""
-        ch = self._channel_for(topic)
+        ch = self._channel_for(topic, sequence_id, partition_key)
         ch.wait_persisted(sequence_id, None if timeout_s is None else time.monotonic() + timeout_s, timeout_s)
         if ch.due_snapshot is not None:
             ch.write_due_snapshot()
