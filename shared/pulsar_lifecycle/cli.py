@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
+from .cli_args import connect_timeout_option
 from .config.settings import ConfigError, user_config_from_json
 from .local_paths import absolute_path
 from .logging_setup import ClientLogRotation, default_client_log, route_client_log, setup_logging
@@ -283,10 +284,9 @@ def package(project_dir: str, out_dir: str, stem: str, python_version: Optional[
               help="Ticks to send [default: 2 x --instances]: extras are acked by the instances.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
               help="The writer's parallelism.")
-@click.option("--connect-timeout", type=float, default=30.0, show_default=True,
-              help="Seconds to wait for the broker.")
+@connect_timeout_option
 def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instances: int,
-               connect_timeout: float) -> None:
+               connect_timeout: Optional[float]) -> None:
     """Start a deployed writer whose only input is its tick topic (a partitioned writer).
 
     Pulsar calls a function only when a message arrives; after `functions create` (or a

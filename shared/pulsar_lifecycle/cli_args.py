@@ -8,12 +8,12 @@ from __future__ import annotations
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import click
 
 from .config.function_config import FunctionConfigError, FunctionSpec, load_function_config, spec_from_config
-from .runtime.broker import broker_hosts
+from .runtime.broker import DEFAULT_CONNECT_TIMEOUT_S, broker_hosts
 from .topics import TopicName, TopicNameError, is_named_entity
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
@@ -35,6 +35,17 @@ def check_topic(option: str, topic: str) -> str:
         raise click.BadParameter(f"topic {topic!r} has an illegal topic name {name.local_name!r} "
                                  "(no '/', whitespace or control characters)", param_hint=option)
     return name.full_name
+
+
+def connect_timeout_option(f: Any) -> Any:
+    """`--connect-timeout SECONDS`, passed as None when not given (runtime.connect.open_client:
+    the default wait, and a refused connection fails at once; given, refused connections are
+    waited through up to it)."""
+    return click.option(
+        "--connect-timeout", type=click.FloatRange(min=0.5), default=None,
+        help=f"Seconds to wait for the broker to accept connections and answer, refused connections included "
+             f"(a broker still starting). Not given: {DEFAULT_CONNECT_TIMEOUT_S:g} s for one that does not answer "
+             "yet, and a refused connection (nothing listens there) fails at once.")(f)
 
 
 def check_service_url(option: str, url: str) -> str:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional
 
 import click
 
+from ..cli_args import connect_timeout_option
 from ..config.settings import defaults_of
 from ..up_manifest import running_function
 from .config import DeletionConfig
@@ -39,7 +40,6 @@ def _topics(opts: Dict[str, Any]) -> DeletionTopics:
         raise click.BadParameter(str(exc)) from exc
 
 
-CONNECT_TIMEOUT_S = 30.0
 # The options that mirror the worker's userConfig keys take its defaults (declared once, in DeletionConfig).
 _WORKER = defaults_of(DeletionConfig)
 DEFAULT_WORKER_CONFIG = "function-configs/ledger-deletion-worker.yaml"
@@ -130,7 +130,7 @@ def refuse_unservable(info: PendingDeleteLedgerInfo, terms: Optional[WorkerTerms
                                f"{hint}")
 
 
-def _client(url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+def _client(url: str, connect_timeout_s: Optional[float] = None) -> Any:
     """A client of `url` once its broker accepts connections and answers the protocol (waits
     for a broker that comes up late).
 
@@ -219,7 +219,7 @@ def _topic_options(f: Any) -> Any:
 
 
 def build_service(opts: Dict[str, Any], delay_seconds: int, backend: Optional[str], scheduling_topic: Optional[str],
-                  connect_timeout_s: float = CONNECT_TIMEOUT_S, worker: Optional[WorkerTerms] = None) -> Any:
+                  connect_timeout_s: Optional[float] = None, worker: Optional[WorkerTerms] = None) -> Any:
     """(LedgerDeletionService, client) for the parsed deletion-topic and delay options; a backend
     of None is the worker's (`worker`, else found by worker_terms), see resolve_delay.
 
@@ -276,8 +276,7 @@ def deletion() -> None:
 @click.option("--offload-bucket", default=None, help="Bucket of an S3 offload (driver metadata 'bucket').")
 @click.option("--cursor", default=None, help="Cursor name of a MANAGED_CURSOR ledger (checked against metadata).")
 @click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false.")
-@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the broker to accept connections.")
+@connect_timeout_option
 @click.option("--worker-config", default=None,
               help="The LedgerDeletionWorker's config YAML [default: the worker a running `up` with --data-dir runs "
                    f"on --service-url, else {DEFAULT_WORKER_CONFIG} when present]: its delay backend, and whether it "
@@ -285,7 +284,7 @@ def deletion() -> None:
 @click.option("--data-dir", default=DEFAULT_DATA_DIR, show_default=True,
               help="The --data-dir of a running `up` (where it says what it runs).")
 def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[str], offload_driver: Optional[str],
-            offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool, connect_timeout: float,
+            offload_bucket: Optional[str], cursor: Optional[str], skip_in_use_check: bool, connect_timeout: Optional[float],
             worker_config: Optional[str], data_dir: str, send_delay_seconds: int, delay_backend: Optional[str],
             scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue one ledger for two-phase deletion.
@@ -361,9 +360,8 @@ def dlq() -> None:
 @click.option("--tenant", default=None, help="Whose DLQ (tenant scope).")
 @click.option("--max", "max_messages", type=int, default=1000, show_default=True)
 @click.option("--idle-timeout", type=float, default=2.0, show_default=True, help="Stop after this many idle seconds.")
-@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the broker to accept connections.")
-def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, connect_timeout: float, **opts: Any) -> None:
+@connect_timeout_option
+def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, connect_timeout: Optional[float], **opts: Any) -> None:
     """Print dead letters not yet replayed, one JSON object per line."""
     from .operator import list_dlq
 
@@ -383,10 +381,9 @@ def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, conn
 @click.option("--idle-timeout", type=float, default=2.0, show_default=True)
 @click.option("--ledger-id", type=int, default=None, help="Only this ledger.")
 @click.option("--reason-contains", default=None, help="Only dead letters whose reason contains this text.")
-@click.option("--connect-timeout", type=float, default=CONNECT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the broker to accept connections.")
+@connect_timeout_option
 def dlq_replay(tenant: Optional[str], max_messages: int, idle_timeout: float, ledger_id: Optional[int],
-               reason_contains: Optional[str], connect_timeout: float, **opts: Any) -> None:
+               reason_contains: Optional[str], connect_timeout: Optional[float], **opts: Any) -> None:
     """Send dead letters back to the deletion topic with a fresh retry budget."""
     from .operator import replay_dlq
 

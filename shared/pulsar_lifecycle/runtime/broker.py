@@ -63,6 +63,9 @@ def broker_hosts(service_url: str) -> List[Tuple[str, int]]:
     return out
 
 
+# How long a command waits for its broker when its --connect-timeout is not given.
+DEFAULT_CONNECT_TIMEOUT_S = 30.0
+
 REFUSED_HINT = (
     "nothing listens there. If it is the embedded broker of `pulsar-lifecycle up` or `localrun`, use the URL "
     "it printed at its start: its --data-dir keeps its port across restarts unless another program took "
@@ -100,6 +103,9 @@ def wait_for_broker(service_url: str, timeout_s: float, interval_s: float = 0.2,
                               f"connection: {REFUSED_HINT}")
         waited = time.monotonic() - t0
         if waited >= timeout_s:
+            if all(o == "refused" for o in outcomes):
+                raise BrokerError(f"no broker at {service_url}: {', '.join(f'{h}:{p}' for h, p in hosts)} still "
+                                  f"refused the connection after {waited:.1f} s: {REFUSED_HINT}")
             raise BrokerError(f"no broker reachable at {service_url}: nothing accepted a connection on "
                               f"{', '.join(f'{h}:{p}' for h, p in hosts)} within {waited:.1f} s")
         time.sleep(interval_s)

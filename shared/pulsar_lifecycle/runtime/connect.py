@@ -1,7 +1,7 @@
 """Connecting a command to a broker: bounded, and one clear error when it does not work.
 
 `open_client(url, timeout_s)` waits (up to `timeout_s`) for a broker of `url` to accept TCP
-connections (a refused connection fails at once: nothing listens there), then checks that it speaks the Pulsar protocol: it sends the binary protocol's
+connections, then checks that it speaks the Pulsar protocol: it sends the binary protocol's
 CONNECT command and waits for any answer. A port that accepts connections and never answers
 (a hung broker, a proxy with nothing behind it, another service) would otherwise hold every
 client call for its whole operation timeout while the client logs its reconnects.
@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 
 import pulsar
 
-from .broker import BrokerError, broker_hosts, wait_for_broker
+from .broker import DEFAULT_CONNECT_TIMEOUT_S, BrokerError, broker_hosts, wait_for_broker
 from .client import client_log_path, quiet_client
 
 log = logging.getLogger(__name__)
@@ -110,19 +110,26 @@ def check_broker_answers(service_url: str, timeout_s: float) -> None:
     raise BrokerError(f"no Pulsar broker answers at {service_url}: {'; '.join(problems)}")
 
 
-def open_client(service_url: str, timeout_s: float) -> pulsar.Client:
-    """A client of `service_url` once a broker there accepts connections (waiting up to
-    `timeout_s` for one that does not answer yet; a refused connection fails at once, naming what
-    to do) and answers the protocol.
+def open_client(service_url: str, timeout_s: Optional[float]) -> pulsar.Client:
+    """A client of `service_url` once a broker there accepts connections and answers the protocol.
+
+    `timeout_s` None (a command's `--connect-timeout` not given): waits up to
+    DEFAULT_CONNECT_TIMEOUT_S for a broker that does not answer yet, and a refused connection
+    fails at once, naming what to do. An explicit `timeout_s` also waits through refused
+    connections (a broker still starting) up to that limit.
 
     Raises BrokerError naming the URL, what happened and the time waited (an answer is waited
-    for at most ANSWER_TIMEOUT_S). Client operations then time out after max(`timeout_s`, 5)
+    for at most ANSWER_TIMEOUT_S). Client operations then time out after max(timeout, 5)
     seconds; the client's own log goes to `client_log_path()`.
     """
+    explicit = timeout_s is not None
+    limit = timeout_s if timeout_s is not None else DEFAULT_CONNECT_TIMEOUT_S
     t0 = time.monotonic()
-    wait_for_broker(service_url, timeout_s, refused_fails=True)
-    remaining = timeout_s - (time.monotonic() - t0)
+    waited = wait_for_broker(service_url, limit, refused_fails=not explicit)
+    if waited >= 0.5:
+        log.info("event=broker_accepts url=%s waited_s=%.1f", service_url, waited)
+    remaining = limit - (time.monotonic() - t0)
     check_broker_answers(service_url, min(ANSWER_TIMEOUT_S, max(1.0, remaining)))
     log.debug("event=broker_answers url=%s seconds=%.2f client_log=%s", service_url, time.monotonic() - t0,
               client_log_path())
-    return quiet_client(service_url, operation_timeout_s=max(5, int(timeout_s)))
+    return quiet_client(service_url, operation_timeout_s=max(5, int(limit)))

@@ -3,7 +3,11 @@ producer API as the library (`pulsar_lifecycle.timing.DelayedProducer`, schedule
 
 `send` prints the id that cancels the message: the scheduling message's position,
 `<ledger>:<entry>[:<batch index>]` (with `@<partition>` on a partitioned scheduling topic), the
-form of the `__pl_cancel__` property. A delay of at least one unit of the DelayLevelSyncer's
+form of the `__pl_cancel__` property. On a partitioned writer's scheduling topic a keyed message
+goes to the partition of its key (Java's JavaStringHash, as every producer of the system routes
+it), an unkeyed one round robin; with the writer's config the partitions are addressed by name
+(`schedulingTopicPartitions`, so also on pulsar-lite), and a cancel goes to the partition of its
+id and is answered on that partition's reply topic. A delay of at least one unit of the DelayLevelSyncer's
 strategy (a day, shipped) is parked on its delay-level topic instead (`DelayLevelProducer`, the
 syncer's config giving the topic and strategy as the writer's gives its terms); its id is the
 parked message's position with `@dl<k>`, k its delay-level partition, and its cancel goes to the
@@ -21,6 +25,7 @@ import click
 from ..cli_args import (
     check_service_url,
     check_topic,
+    connect_timeout_option,
     format_ms,
     function_config_option,
     parse_duration_ms,
@@ -28,11 +33,10 @@ from ..cli_args import (
 )
 from ..clock import wall_clock_ms
 from ..scheduling_protocol import MessageRef, ProtocolError
-from ..topics import partition_name
+from ..topics import partition_name, strip_partition
 
 log = logging.getLogger(__name__)
 
-CONNECT_TIMEOUT_S = 30.0
 DEFAULT_WRITER_CONFIG = "function-configs/bucket-snapshot-writer.yaml"
 DEFAULT_SYNCER_CONFIG = "function-configs/delay-level-syncer.yaml"
 PARKED_MARK = "@dl"  # `<position>@dl<k>`: a message parked in delay-level partition k
@@ -44,11 +48,13 @@ EXIT_CANCELLED, EXIT_ALREADY_RELEASED, EXIT_NOT_KNOWN, EXIT_NO_ANSWER = 0, 3, 4,
 
 @dataclass(frozen=True)
 class WriterTerms:
-    """What the writer accepts: its scheduling topic, the longest delay, the allowed targets."""
+    """What the writer accepts: its scheduling topic, the longest delay, the allowed targets, and
+    how many partitions of its scheduling topic it reads by name."""
 
     scheduling_topic: str
     max_delay_ms: int
     allowed_prefixes: Tuple[str, ...]  # empty: not known (no writer config), not checked
+    partitions: int = 0  # schedulingTopicPartitions (0: unpartitioned, or not known: the broker's count)
 
 
 def writer_terms(writer_config: Optional[str], scheduling_topic: Optional[str]) -> WriterTerms:
@@ -71,7 +77,9 @@ def writer_terms(writer_config: Optional[str], scheduling_topic: Optional[str]) 
     except ValueError as exc:
         raise click.BadParameter(f"{path}: not a BucketSnapshotWriter config: {exc}", param_hint="--writer-config") from exc
     chosen = check_topic("--scheduling-topic", scheduling_topic) if scheduling_topic else topic
-    return WriterTerms(chosen, cfg.max_delay_seconds * 1000, tuple(cfg.allowed_target_prefixes))
+    # The writer's partition count holds for its own topic only (not for another --scheduling-topic).
+    partitions = cfg.scheduling_topic_partitions if chosen == topic else 0
+    return WriterTerms(chosen, cfg.max_delay_seconds * 1000, tuple(cfg.allowed_target_prefixes), partitions)
 
 
 @dataclass(frozen=True)
@@ -182,8 +190,7 @@ def parse_cancel_id(text: str) -> Tuple[MessageRef, int]:
 
 
 def _writer_options(f: Any) -> Any:
-    f = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=CONNECT_TIMEOUT_S,
-                     show_default=True, help="Seconds to wait for the broker.")(f)
+    f = connect_timeout_option(f)
     f = click.option("--scheduling-topic", default=None,
                      help="The writer's scheduling topic (default: schedulingTopic of --writer-config).")(f)
     f = click.option("--writer-config", default=None,
@@ -246,12 +253,14 @@ def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Op
     when = deliver_at_ms(at, delay, terms.max_delay_ms, now)
     syncer = syncer_terms(syncer_config)
     parking = syncer if syncer is not None and syncer.parks(when - now) else None
-    if parking is not None and parking.scheduling_topic and parking.scheduling_topic != terms.scheduling_topic:
+    if parking is not None and parking.scheduling_topic \
+            and strip_partition(parking.scheduling_topic) != strip_partition(terms.scheduling_topic):
         raise click.BadParameter(f"the syncer forwards to {parking.scheduling_topic}, the writer reads "
                                  f"{terms.scheduling_topic}: give the configs of one system (or --syncer-config none "
                                  "to send straight to the writer)", param_hint="--syncer-config")
     client = open_client(service_url, connect_timeout)
-    producer = DelayedProducer(client, backend="scheduler", scheduling_topic=terms.scheduling_topic)
+    producer = DelayedProducer(client, backend="scheduler", scheduling_topic=terms.scheduling_topic,
+                               scheduling_partitions=terms.partitions)
     where = terms.scheduling_topic
     try:
         if parking is None:
@@ -321,6 +330,10 @@ def cancel(message_id: str, timeout: float, no_wait: bool, syncer_config: Option
     ref, partition = parse_cancel_id(message_id)
     check_service_url("--service-url", service_url)
     terms = writer_terms(writer_config, scheduling_topic)
+    if terms.partitions and not 0 <= partition < terms.partitions:
+        raise click.BadParameter(f"{message_id}: the writer reads {terms.partitions} partitions of "
+                                 f"{terms.scheduling_topic}: give the id `delayed send` printed, with "
+                                 f"@<partition> 0..{terms.partitions - 1}", param_hint="ID")
     topic = partition_name(terms.scheduling_topic, partition) if partition >= 0 else terms.scheduling_topic
     reply_topic = cancel_reply_topic(TopicName.from_client(topic).full_name)
     client = open_client(service_url, connect_timeout)

@@ -12,11 +12,9 @@ from typing import Any, Optional
 import click
 from rich.console import Console
 
-from ..cli_args import check_http_url, check_service_url
+from ..cli_args import check_http_url, check_service_url, connect_timeout_option
 from ..clock import wall_clock_ms
 from ..local_paths import absolute_path
-
-CONNECT_TIMEOUT_S = 30.0
 
 
 def _spec(path: str, default_name: str) -> Any:
@@ -60,8 +58,7 @@ _state_option = click.option("--state-storage-service-url", "state_url", default
 
 
 def _connection_options(f: Any) -> Any:
-    f = click.option("--connect-timeout", type=click.FloatRange(min=0.5), default=CONNECT_TIMEOUT_S,
-                     show_default=True, help="Seconds to wait for the broker.")(f)
+    f = connect_timeout_option(f)
     f = click.option("--admin-url", default=None,
                      help="Admin REST URL (real Pulsar): counts from subscription backlogs.")(f)
     f = click.option("--service-url", required=True, help="pulsar:// URL of the broker the function runs on.")(f)
@@ -106,7 +103,7 @@ def inspect_writer_cmd(config_file: str, data_dir: str, store: Optional[str], st
 @_data_dir_option
 @_state_option
 @_json_option
-def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[str], connect_timeout: float,
+def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[str], connect_timeout: Optional[float],
                        limit: int, data_dir: str, state_url: Optional[str], as_json: bool) -> None:
     """A DelayLevelSyncer: parked messages per delay-level partition and the next forward time.
 
@@ -142,7 +139,7 @@ def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[s
 @_connection_options
 @click.option("--tenant", default=None, help="Whose topics (deletionTopicScope tenant).")
 @_json_option
-def inspect_deletion_cmd(config_file: str, service_url: str, admin_url: Optional[str], connect_timeout: float,
+def inspect_deletion_cmd(config_file: str, service_url: str, admin_url: Optional[str], connect_timeout: Optional[float],
                          limit: int, tenant: Optional[str], as_json: bool) -> None:
     """A LedgerDeletionWorker: pending requests, retries and dead letters.
 

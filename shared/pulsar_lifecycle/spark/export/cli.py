@@ -64,7 +64,7 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
             from ...runtime.connect import open_client
 
             with exclusive(store) if store else contextlib.nullcontext():
-                client = open_client(service_url, 30.0)  # a refused or silent broker: one line, not 30 s of retries
+                client = open_client(service_url, None)  # a refused or silent broker: one line, not 30 s of retries
                 try:
                     report = run_export(client, list(topics), subscription, Path(out_dir), batch_rows=batch_rows,
                                         idle_ms=idle_ms, max_messages=max_messages)
