@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pulsar
 
@@ -155,6 +155,33 @@ class DedupPublisher:
         self._lock = threading.Lock()
         self._open_locks: Dict[str, threading.Lock] = {}
         self._closed = False
+        self._on_landed: Optional[Callable[[str, int, Any], None]] = None
+
+    def track_landed(self, sink: Optional[Callable[[str, int, Any], None]]) -> None:
+        """Report where each message lands: `sink(destination, sequence id, message id)` runs on
+        pulsar-client's I/O thread for every message the broker confirms from now on, on every
+        topic (open or opened later); keep it short. None turns it off. Costs one completion
+        callback per message instead of one per `publish_many` run."""
+        self._on_landed = sink
+        for ch in list(self._channels.values()):
+            ch.on_landed = sink
+
+    def discard(self, topic: str) -> None:
+        """Forget the channel of `topic` (a plain topic or one partition), failed or not, and
+        close its producer: the next publish to it opens it again, recovering its map from the
+        snapshot and the topic's tail (what really reached the topic). For a caller that retries
+        after a send failed, which leaves the channel refusing publishes."""
+        full = normalize_topic(topic)
+        with self._lock:
+            ch = self._channels.pop(full, None)
+        if ch is None:
+            return
+        if ch.producer is not None:
+            try:
+                ch.producer.close()
+            except Exception as exc:  # a producer that failed may not close cleanly; it is dropped either way
+                log.debug("event=dedup_discard_close_failed topic=%s error=%r", full, exc)
+        log.info("event=dedup_channel_discarded topic=%s producer=%s failed=%r", full, self.producer_name, ch.failed)
 
     # -- opening and recovery --------------------------------------------------------------
 
@@ -319,7 +346,8 @@ class DedupPublisher:
         if stats.end is not None and stats.messages_read:
             seqmap.advance_position(stats.end)
         seqmap.producer_added(name)
-        ch = TopicChannel(topic=topic, seqmap=seqmap, producer_name=name, state_store=self.state_store, recovery=stats)
+        ch = TopicChannel(topic=topic, seqmap=seqmap, producer_name=name, state_store=self.state_store, recovery=stats,
+                          on_landed=self._on_landed)
         if stats.messages_read:
             # Record the replay so the next recovery starts after it (Pulsar does this only past
             # brokerDeduplicationEntriesInterval entries; one put is cheaper than any re-read).
@@ -422,6 +450,23 @@ class DedupPublisher:
         for ch in list(self._channels.values()):
             if ch.failed is not None:
                 raise ch.send_failed_error()
+
+    def failed_topics(self) -> Dict[str, str]:
+        """topic -> error, for the topics (plain or one partition) whose channel a failed send
+        stopped; the others publish on. `reset(topic)` lets one be opened again."""
+        return {t: str(ch.failed) for t, ch in list(self._channels.items()) if ch.failed is not None}
+
+    def reset(self, topic: str) -> None:
+        """Close `topic`'s channel (one failed by a send, say): the next publish to it opens it
+        again and recovers its sequence map from the topic, so only the ids not stored there are
+        sent again. `topic` is a plain topic or one partition."""
+        full = normalize_topic(topic)
+        with self._lock:
+            ch = self._channels.pop(full, None)
+        if ch is not None:
+            log.info("event=dedup_channel_reset topic=%s producer=%s failed=%s", full, self.producer_name,
+                     ch.failed is not None)
+            ch.close()
 
     def _checked_message(self, payload: object, seq: int, properties: Optional[Mapping[str, str]]) -> Dict[str, str]:
         """Check one message's id, payload and properties; its properties with the dedup ones added."""

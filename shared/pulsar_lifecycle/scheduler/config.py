@@ -17,6 +17,7 @@ from ..config.settings import (
     user_config_keys,
 )
 from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
+from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
 from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig
 from ..deletion.topics import DeletionTopics
@@ -126,6 +127,17 @@ class WriterConfig:
         'partitionLeaseSeconds', 30,
         "With schedulingTopicPartitions: how long a partition's lease lasts without renewal (renewed every third of it). A new owner takes a partition when its lease is released, expired, or its holder's process is gone (directory store); a paused old owner is fenced by the lease epoch (docs/scaling.md).",
         minimum=1)
+    key_hashing: str = setting(
+        'keyHashing', DEFAULT_KEY_HASHING,
+        "How a keyed release to a partitioned target picks its partition: `java_string` (Pulsar's Java client default, JavaStringHash: the partition a Java producer sends that key to) or `murmur3_32` (Murmur3_32Hash, the Java client's other choice). Unkeyed releases go by their own id, so a replay picks the same partition.",
+        choices=tuple(KEY_HASHINGS))
+    target_retry_seconds: int = setting(
+        'targetRetrySeconds', 60,
+        "How long releases to a target the writer cannot publish to (open or send refused) are held and retried (backoff 0.5 s doubling to 10 s) before they go to `deadLetterTopic`; other targets are released on time meanwhile.",
+        minimum=0)
+    dead_letter_topic: str = setting(
+        'deadLetterTopic', '',
+        'Where releases whose target kept refusing them go, with the reason in `__pl_error__` and the target in `__pl_dead_target__`; default `<scheduling topic>-DLQ`.')
     bucket: BucketConfig = field(default_factory=BucketConfig)
 
     @property
@@ -292,6 +304,8 @@ def writer_topology(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
     if isinstance(output, str) and output:
         writes.append(Write("releases", normalize_topic(output), OUTPUT))
     writes.append(Write("refused scheduling messages", normalize_topic(wc.invalid_message_topic or f"{topic}-INVALID"),
+                        FOR_OPERATORS))
+    writes.append(Write("releases whose target refused them", normalize_topic(wc.dead_letter_topic or f"{topic}-DLQ"),
                         FOR_OPERATORS))
     if wc.snapshot_deletion == "two-phase":
         deletion = DeletionTopics(namespace=wc.snapshot_deletion_namespace, topic_name=wc.snapshot_deletion_topic_name,

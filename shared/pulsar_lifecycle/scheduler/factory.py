@@ -156,7 +156,7 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         engine = BucketIndex(storage, bucket_cfg, on_snapshot_obsolete=deleter)
         client = pulsar_client(context)
         dedup_state = ContextStateStore(context, prefix=names.state_prefix)
-        publisher = DedupPublisher(client, names.producer_name, dedup_state)
+        publisher = DedupPublisher(client, names.producer_name, dedup_state, key_hashing=cfg.key_hashing)
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
         identity = check_index_identity(storage, dedup_state,
@@ -181,7 +181,8 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
                                    client, context.record_metric, resources=resources, source_factory=source_factory,
-                                   runtime_input=runtime_input, reply_topic=cancel_reply_topic(names.topic))
+                                   runtime_input=runtime_input, reply_topic=cancel_reply_topic(names.topic),
+                                   dead_letter_topic=cfg.dead_letter_topic or f"{names.base_topic}-DLQ")
         if runtime_input is not None and cfg.tick_topic:
             # A start that fails once the runtime's input is closed has no redelivered scheduling
             # message to retry it: a tick does (the hook arm_wake sets once the service runs).

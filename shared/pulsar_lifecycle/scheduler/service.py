@@ -16,20 +16,24 @@ publisher drops the ones already on the topic: nothing lost, nothing twice.
 from __future__ import annotations
 
 import bisect
+import hashlib
 import json
 import logging
 import queue
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, encode, format_user_id
 from ..bucket.records import DelayedMessage, Release
+from ..bucket.storage.lease import LeaseLostError
 from ..clock import Clock, wall_clock_ms
-from ..dedup.publisher import DedupPublisher, OutMessage
+from ..dedup.publisher import DedupPublisher, OutMessage, normalize_topic
+from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..durable import DurableWriteError
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
@@ -43,6 +47,7 @@ from ..scheduling_protocol import (
 )
 from .config import WriterConfig
 from .intake import Cancel, Invalid
+from .target_health import DEAD_LETTER, DEAD_TARGET_PROP, TargetHealth
 
 log = logging.getLogger(__name__)
 # Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
@@ -59,6 +64,38 @@ PERSIST_FAILURES_METRIC = "pulsar_lifecycle_scheduler_persist_failures"
 LATENESS_METRIC = "pulsar_lifecycle_scheduler_release_lateness_ms"
 LATENESS_BUCKETS_MS = (10, 50, 100, 250, 500, 1000, 2500, 5000, 10_000, 30_000, 60_000, 300_000)
 PENDING_METRIC = "pulsar_lifecycle_scheduler_pending"
+# Held targets (a target the writer cannot publish to: its releases wait, retried with backoff),
+# the releases waiting for them, and the releases sent to the dead-letter topic (running total).
+HELD_TARGETS_METRIC = "pulsar_lifecycle_scheduler_held_targets"
+HELD_RELEASES_METRIC = "pulsar_lifecycle_scheduler_held_releases"
+DEAD_LETTERED_METRIC = "pulsar_lifecycle_scheduler_dead_lettered_total"
+# The state-store keys (under the service's dedup prefix) of the release status `inspect writer`
+# reads, and of the highest sequence id dead-lettered per target (a replay after a crash sends
+# those to the dead-letter topic again, where de-duplication drops them, never to the target).
+STATUS_KEY = "writer-status"
+DEAD_MARK_PREFIX = "dead-target"
+# An outstanding release whose target is held: the watermark stops at it.
+HELD = "\x00held"
+
+
+def dead_letter_producer(producer_name: str, target: str) -> str:
+    """The dead-letter producer name for releases of `target`: one per target, so the sequence ids
+    each de-duplicates on increase (a target's releases are dead-lettered in release order)."""
+    digest = hashlib.sha1(normalize_topic(target).encode("utf-8")).hexdigest()[:8]
+    return f"{producer_name}-dlq-{digest}"
+
+
+class _DeadDest:
+    """Where a dead-lettered release went: a destination of the target's dead-letter publisher."""
+
+    __slots__ = ("publisher", "topic")
+
+    def __init__(self, publisher: Any, topic: str) -> None:
+        self.publisher = publisher
+        self.topic = topic
+
+    def persisted(self) -> int:
+        return int(self.publisher.persisted_seq(self.topic))
 
 
 def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
@@ -172,7 +209,7 @@ class SchedulerService:
                  invalid_topic: str, client: Any, record_metric: Callable[[str, float], None],
                  resources: Optional[List[Any]] = None,
                  source_factory: Optional[Callable[[], IntakeSource]] = None, clock: Clock = wall_clock_ms,
-                 runtime_input: Optional[Any] = None, reply_topic: str = "") -> None:
+                 runtime_input: Optional[Any] = None, reply_topic: str = "", dead_letter_topic: str = "") -> None:
         self.engine = engine
         # Where cancels that ask for an answer get it (cancel_reply_topic of the topic this
         # service indexes); a cancel naming any other topic is applied and not answered.
@@ -195,8 +232,24 @@ class SchedulerService:
         self.runtime_input = runtime_input
         self._wake = threading.Condition()
         self._threads: List[threading.Thread] = []
-        # (seq, target topic or None for a cancelled item), in release order; release thread only.
-        self._outstanding: Deque[Tuple[int, Optional[str]]] = deque()
+        # In release order, release thread only: (seq, None) for a cancelled item, else
+        # [seq, destination, OutMessage]; the destination is the target (a plain topic), a
+        # partition of it, HELD while its target is held, or a _DeadDest once dead-lettered.
+        self._outstanding: Deque[Any] = deque()
+        # Targets whose releases go out now (opened); the others are held while they open.
+        self._ready: set = set()
+        self._health = TargetHealth(config.target_retry_seconds * 1000, seq_of=lambda item: item[0][0])
+        self._opening: Dict[str, "Future[Any]"] = {}
+        self._opener: Optional[ThreadPoolExecutor] = None
+        self._dest_target: Dict[str, str] = {}  # destination (full name) -> target as released
+        self._failed_seen: Dict[str, str] = {}  # failed destinations already held
+        self._norm: Dict[str, str] = {}
+        self.dead_letter_topic = dead_letter_topic or f"{invalid_topic.rsplit('-INVALID', 1)[0]}-DLQ"
+        self._dead_marks: Dict[str, Tuple[int, str]] = {}
+        self._dead_publishers: Dict[str, DedupPublisher] = {}
+        self._dead_dests: Dict[Tuple[str, str], _DeadDest] = {}
+        self.dead_lettered = 0
+        self._status_written = ""
         self._committed = 0
         self._invalid_producer: Any = None
         self.failure: Optional[BaseException] = None
@@ -292,6 +345,10 @@ class SchedulerService:
             self._advance_commit()
         except Exception as exc:
             log.warning("event=scheduler_stop_flush_failed error=%r", exc)
+        if self._opener is not None:
+            self._opener.shutdown(wait=False)
+        for dlq in self._dead_publishers.values():
+            dlq.close()
         self.publisher.close()
         if self._invalid_producer is not None:
             try:
@@ -397,6 +454,8 @@ class SchedulerService:
             releases = self.engine.pop_due(self.clock(), self.config.release_batch_size)
             if releases:
                 self._publish_round(releases)
+            if self._opening or self._health:
+                self._tend_targets()
             now = time.monotonic()
             if now - last_commit >= self.config.commit_interval_millis / 1000.0:
                 self._advance_commit()
@@ -414,13 +473,16 @@ class SchedulerService:
                 # made durable: wait a moment instead of spinning.
                 wait = min(wait, max(0.001, (nxt - self.clock()) / 1000.0))
             wait = min(wait, self.config.commit_interval_millis / 1000.0) if self._outstanding else wait
+            retry_at = self._health.next_due_ms() if self._health else None
+            if retry_at is not None:
+                wait = min(wait, max(0.001, (retry_at - self.clock()) / 1000.0))
             if wait > 0:
                 with self._wake:
                     self._wake.wait(wait)
 
     def _publish_round(self, releases: List[Release]) -> None:
         """Publish one round of releases, grouped per target topic (seqs stay increasing per topic)."""
-        by_topic: Dict[str, List[OutMessage]] = {}
+        by_topic: Dict[str, List[List[Any]]] = {}
         released_at = str(self.clock())  # a batch's publish_timestamp is when the batch opened, not this
         # Runs once per released message on the release thread, the writer's busiest: locals, and
         # the origin id formatted from the index id without intermediate objects.
@@ -442,36 +504,317 @@ class SchedulerService:
                 batch = -1
             props[ORIGIN_MSG_ID_PROP] = format_origin_msg_id(m.ledger_id, ident >> BATCH_BITS, m.partition, batch)
             props[RELEASED_AT_PROP] = released_at
-            out = by_topic.get(target)
-            if out is None:
-                out = by_topic[target] = []
-            out.append(OutMessage(m.payload, r.seq, props, m.key, m.event_time or None))
-            outstanding.append((r.seq, target))
-        for target, out in by_topic.items():
-            # The properties dicts were built above, str -> str (validated when added, or a decoded
-            # protobuf map): handed over, not copied and checked again.
-            self.publisher.publish_many(target, out, properties_owned=True)
-            self.released += len(out)
+            entry = [r.seq, target, OutMessage(m.payload, r.seq, props, m.key, m.event_time or None)]
+            outstanding.append(entry)
+            group = by_topic.get(target)
+            if group is None:
+                group = by_topic[target] = []
+            group.append(entry)
+        for target, entries in by_topic.items():
+            self._release(target, entries)
+
+    def _release(self, target: str, entries: List[List[Any]]) -> None:
+        """Send one round's releases to `target`, or hold them behind its held ones."""
+        mark = self._dead_marks.get(target)
+        if mark is None:
+            mark = self._dead_marks[target] = self._load_dead_mark(target)
+        if mark[0] >= entries[0][0]:
+            # Released before a crash and dead-lettered then: to the dead-letter topic again
+            # (de-duplicated there), never to the target.
+            n = sum(1 for e in entries if e[0] <= mark[0])
+            self._replay_dead(target, entries[:n], mark[1])
+            entries = entries[n:]
+            if not entries:
+                return
+        if target not in self._ready and self._is_open(target):
+            self._ready.add(target)
+        if target in self._ready and self._health.held(target) is None:
+            self._send(target, entries)
+            return
+        for e in entries:
+            e[1] = HELD
+        h = self._health.hold(target, [(e, None) for e in entries])
+        if target not in self._ready and not h.busy and not h.failing:
+            self._start_open(target)
+
+    def _send(self, target: str, entries: List[List[Any]]) -> bool:
+        """Publish `entries` to `target` (routed per partition when it is partitioned); on an error
+        hold the ones not handed over and start the target's backoff. True when all went out."""
+        out = [e[2] for e in entries]
+        full = self._full(target)
+        groups: List[Tuple[str, List[OutMessage]]] = []
+        sent = 0
+        try:
+            groups = self.publisher.route(target, out)
+            partitioned = len(groups) > 1 or groups[0][0] != full
+            by_seq = {e[0]: e for e in entries} if partitioned else None
+            for dest, group in groups:
+                self._dest_target[dest] = target
+                if by_seq is not None:
+                    for m in group:
+                        by_seq[m.sequence_id][1] = dest
+                elif entries[0][1] is not target:  # held ones: a plain topic's destination is itself
+                    for e in entries:
+                        e[1] = target
+                # The properties dicts were built above, str -> str (validated when added, or a
+                # decoded protobuf map): handed over, not copied and checked again.
+                self.publisher.publish_many(dest, group, properties_owned=True)
+                sent += 1
+                self.released += len(group)
+            return True
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            if self._stop.is_set():
+                raise
+            left = {m.sequence_id for _, group in groups[sent:] for m in group} if groups else None
+            held = [e for e in entries if left is None or e[0] in left]
+            for e in held:
+                e[1] = HELD
+            self._health.requeue(target, [(e, None) for e in held])
+            self._target_failed(target, f"publish failed: {exc!r}")
+            return False
+
+    def _full(self, target: str) -> str:
+        full = self._norm.get(target)
+        if full is None:
+            full = self._norm[target] = normalize_topic(target)
+        return full
+
+    def _is_open(self, target: str) -> bool:
+        """Whether the publisher has `target` (or its partitions) open already."""
+        full = self._full(target)
+        prefix = full + "-partition-"
+        return any(t == full or t.startswith(prefix) for t in self.publisher.topics())
+
+    # -- held targets ----------------------------------------------------------------------------
+    def _start_open(self, target: str) -> None:
+        """Open `target` on a background thread (after closing its failed channels): the release
+        thread never waits on a target's lookup, recovery or producer creation."""
+        if self._opener is None:
+            self._opener = ThreadPoolExecutor(max_workers=4, thread_name_prefix="bucket-target-open")
+        self._health.attempt(target)
+        fut = self._opener.submit(self._open_target, target)
+        self._opening[target] = fut
+
+        def woke(_f: Any) -> None:
+            with self._wake:
+                self._wake.notify_all()
+        fut.add_done_callback(woke)
+
+    def _open_target(self, target: str) -> None:
+        full = self._full(target)
+        for dest in self.publisher.failed_topics():
+            if dest == full or dest.startswith(full + "-partition-"):
+                self.publisher.reset(dest)
+                self._failed_seen.pop(dest, None)
+        self.publisher.open(target)
+
+    def _target_failed(self, target: str, reason: str) -> None:
+        h = self._health.failed(target, reason, self.clock())
+        log.warning("event=release_target_failed target=%s held=%d attempts=%d failing_ms=%d retry_in_ms=%d "
+                    "dead_letter_after_s=%d error=%s", target, len(h.items), h.attempts,
+                    self.clock() - (h.since_ms or 0), h.next_try_ms - self.clock(),
+                    self.config.target_retry_seconds, reason)
+
+    def _tend_targets(self) -> None:
+        """Per round: finish the opens that completed, retry the held targets whose backoff ran
+        out and dead-letter the ones failing for targetRetrySeconds."""
+        for target, fut in list(self._opening.items()):
+            if not fut.done():
+                continue
+            del self._opening[target]
+            exc = fut.exception()
+            if exc is not None:
+                self._ready.discard(target)
+                self._target_failed(target, f"open failed: {exc!r}")
+                continue
+            self._ready.add(target)
+            h = self._health.held(target)
+            was = (h.attempts, h.since_ms) if h is not None else (0, None)
+            items = self._health.release(target)
+            if items and self._send(target, [item[0] for item in items]) and was[1] is not None:
+                log.info("event=release_target_recovered target=%s released=%d attempts=%d failing_ms=%d", target,
+                         len(items), was[0], self.clock() - was[1])
+        if not self._health:
+            return
+        for h, action in self._health.due(self.clock()):
+            if action == DEAD_LETTER:
+                self._dead_letter(h.target, h.reason)
+            else:
+                self._start_open(h.target)
+
+    def _dead_letter(self, target: str, reason: str) -> None:
+        """Send a held target's releases to the dead-letter topic (the highest id stored first)."""
+        h = self._health.held(target)
+        since = h.since_ms if h is not None and h.since_ms is not None else self.clock()
+        items = self._health.take(target)
+        keep = []
+        for e, prev in items:
+            # Sent before its channel failed and stored on the target after all: delivered.
+            if prev is not None and self.publisher.persisted_seq(prev) >= e[0]:
+                e[1] = prev
+                continue
+            keep.append(e)
+        self._ready.discard(target)  # its next release tries the target afresh
+        if not keep:
+            return
+        try:
+            self._store_dead_mark(target, keep[-1][0], reason)
+            self._send_dead(target, keep, reason)
+        except LeaseLostError:
+            raise
+        except Exception as exc:
+            for e in keep:
+                e[1] = HELD
+            self._health.requeue(target, [(e, None) for e in keep])
+            self._target_failed(target, f"{reason}; dead-letter topic {self.dead_letter_topic} refused: {exc!r}")
+            return
+        log.error("event=release_dead_lettered target=%s count=%d dead_letter_topic=%s first_seq=%d last_seq=%d "
+                  "failing_ms=%d reason=%s", target, len(keep), self.dead_letter_topic, keep[0][0], keep[-1][0],
+                  self.clock() - since, reason)
+
+    def _send_dead(self, target: str, entries: List[List[Any]], reason: str) -> None:
+        """Publish `entries` to the dead-letter topic: payload, key and properties as released,
+        plus ERROR_PROP (the reason) and DEAD_TARGET_PROP (the target)."""
+        dlq = self._dead_publisher(target)
+        msgs = []
+        for e in entries:
+            m = e[2]
+            props = dict(m.properties)
+            props.pop(PRODUCER_PROPERTY, None)
+            props.pop(SEQUENCE_PROPERTY, None)
+            props[ERROR_PROP] = reason
+            props[DEAD_TARGET_PROP] = self._full(target)
+            msgs.append(OutMessage(m.payload, m.sequence_id, props, m.partition_key, m.event_timestamp))
+        by_seq = {e[0]: e for e in entries}
+        for dest, group in dlq.route(self.dead_letter_topic, msgs):
+            key = (target, dest)
+            ref = self._dead_dests.get(key)
+            if ref is None:
+                ref = self._dead_dests[key] = _DeadDest(dlq, dest)
+            for m in group:
+                by_seq[m.sequence_id][1] = ref
+            dlq.publish_many(dest, group, properties_owned=True)
+        self.dead_lettered += len(entries)
+
+    def _replay_dead(self, target: str, entries: List[List[Any]], reason: str) -> None:
+        """Replayed releases at or below the target's dead-letter mark: to the dead-letter topic
+        again unless the target's open channel already stored them."""
+        again = []
+        for e in entries:
+            if target in self._ready:
+                dest = self.publisher.destination(target, e[0], e[2].partition_key)
+                if self.publisher.persisted_seq(dest) >= e[0]:
+                    e[1] = dest
+                    continue
+            again.append(e)
+        if again:
+            self._send_dead(target, again, reason)
+            self.dead_lettered -= len(again)  # counted when they were dead-lettered first
+
+    def _dead_publisher(self, target: str) -> DedupPublisher:
+        dlq = self._dead_publishers.get(target)
+        if dlq is None:
+            inner = getattr(self.publisher, "inner", self.publisher)
+            dlq = DedupPublisher(inner.client, dead_letter_producer(inner.producer_name, target), inner.state_store,
+                                 key_hashing=inner.key_hashing)
+            self._dead_publishers[target] = dlq
+        return dlq
+
+    def _dead_mark_key(self, target: str) -> str:
+        return f"{DEAD_MARK_PREFIX}/{getattr(self.publisher, 'producer_name', '')}@{self._full(target)}"
+
+    def _load_dead_mark(self, target: str) -> Tuple[int, str]:
+        store = getattr(self.publisher, "state_store", None)
+        raw = store.get(self._dead_mark_key(target)) if store is not None else None
+        if raw is None:
+            return (-1, "")
+        rec = json.loads(raw.decode("utf-8"))
+        return (int(rec["seq"]), str(rec.get("reason", "")))
+
+    def _store_dead_mark(self, target: str, seq: int, reason: str) -> None:
+        """Stored before the dead-letter sends, so before any commit passes them."""
+        if self._dead_marks.get(target, (-1, ""))[0] >= seq:
+            return
+        self.publisher.state_store.put(self._dead_mark_key(target),
+                                       json.dumps({"seq": seq, "reason": reason}).encode("utf-8"))
+        self._dead_marks[target] = (seq, reason)
+
+    def _hold_failed_sends(self) -> None:
+        """Channels a failed send stopped: hold their target, with the releases sent there but not
+        stored, to be sent again (after the channel re-opens) or dead-lettered."""
+        failed = self.publisher.failed_topics()
+        if not failed:
+            return
+        new = {dest: why for dest, why in failed.items() if dest not in self._failed_seen
+               and dest in self._dest_target}
+        if not new:
+            return
+        self._failed_seen.update(new)
+        done = {dest: self.publisher.persisted_seq(dest) for dest in new}
+        requeue: Dict[str, List[Tuple[List[Any], str]]] = {}
+        for e in self._outstanding:
+            dest = e[1]
+            if type(dest) is not str or dest is HELD:
+                continue
+            full = self._full(dest)
+            if full in done and e[0] > done[full]:
+                e[1] = HELD
+                requeue.setdefault(self._dest_target[full], []).append((e, full))
+        for dest, why in new.items():
+            target = self._dest_target[dest]
+            self._health.requeue(target, requeue.get(target, []))
+            self._ready.discard(target)
+            self._target_failed(target, f"send to {dest} failed: {why}")
+
+    def _persisted_of(self, dest: Any) -> int:
+        if type(dest) is str:
+            return -1 if dest == HELD else int(self.publisher.persisted_seq(dest))
+        return int(dest.persisted())
 
     def _advance_commit(self) -> None:
-        """Commit the release watermark: the longest prefix of releases the broker has stored."""
-        self.publisher.check()  # a failed send stops the service; a restart re-derives the releases
-        persisted: Dict[str, int] = {}
+        """Commit the release watermark: the longest prefix of releases the broker has stored (on
+        their target, or dead-lettered); a held release stops it."""
+        self._hold_failed_sends()
+        persisted: Dict[Any, int] = {}
         upto = 0
         outstanding = self._outstanding
         while outstanding:
-            seq, topic = outstanding[0]
-            if topic is not None:
-                done = persisted.get(topic)
+            entry = outstanding[0]
+            dest = entry[1]
+            if dest is not None:
+                done = persisted.get(dest)
                 if done is None:
-                    done = persisted[topic] = self.publisher.persisted_seq(topic)
-                if seq > done:
+                    done = persisted[dest] = self._persisted_of(dest)
+                if entry[0] > done:
                     break
-            upto = seq
+            upto = entry[0]
             outstanding.popleft()
         if upto > self._committed:
             self.engine.commit(upto)
             self._committed = upto
+        self._health.confirmed(self._committed)
+
+    def status(self) -> Dict[str, Any]:
+        """The release status `inspect writer` shows: held targets, dead-lettered releases."""
+        return {"at_ms": self.clock(), "held_targets": self._health.status(),
+                "held_releases": self._health.held_count(), "dead_lettered": self.dead_lettered,
+                "dead_letter_topic": normalize_topic(self.dead_letter_topic)}
+
+    def _write_status(self) -> None:
+        """Store the status while a target is held, and once more when none is."""
+        store = getattr(self.publisher, "state_store", None)
+        if store is None or (not self._health and not self._status_written):
+            return
+        status = self.status()
+        text = json.dumps(status, sort_keys=True)
+        try:
+            store.put(STATUS_KEY, text.encode("utf-8"))
+        except Exception as exc:  # status only: the releases do not depend on it
+            log.warning("event=writer_status_write_failed error=%r", exc)
+            return
+        self._status_written = text if self._health else ""
 
     def _expire_unknown_cancels(self) -> None:
         expire = getattr(self.engine, "expire_unknown_cancels", None)
@@ -482,8 +825,11 @@ class SchedulerService:
         stats = self.engine.stats()
         values = metric_values(stats) + self.counter_values() + self.lateness.values()
         values.append((PENDING_METRIC, float(getattr(stats, "pending", 0))))
+        values.append((HELD_TARGETS_METRIC, float(len(self._health.targets()))))
+        values.append((HELD_RELEASES_METRIC, float(self._health.held_count())))
         for name, value in values:
             self.record_metric(name, value)
+        self._write_status()
 
     def counter_values(self) -> List[Tuple[str, float]]:
         """This writer's own counters (no Pulsar equivalent): intake, releases, cancels, refusals."""
@@ -492,6 +838,7 @@ class SchedulerService:
             ("pulsar_lifecycle_scheduler_released_total", float(self.released)),
             ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
             ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
+            (DEAD_LETTERED_METRIC, float(self.dead_lettered)),
         ]
 
 
