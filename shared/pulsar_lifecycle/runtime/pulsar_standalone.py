@@ -37,6 +37,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional
 from ..local_paths import absolute
 from .broker import free_port, port_open
 from .pulsar_release import PulsarRelease, PulsarSetupError, java_executable, resolve
+from .pulsar_security import SecuritySetup
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,11 @@ class PulsarStandalone:
     standalone.conf keys; `profile` the JVM's memory and GC and the bookie's caches ("small", the
     default, or "defaults": Pulsar's own pulsar_env.sh and standalone.conf, see PROFILES); `stream_storage=False` starts no table service (a worker without
     function state: the standalone hands its worker the table service whenever it runs one).
-    `data_dir` is kept
+    `security` (a SecuritySetup) secures it: a CA, a broker certificate and a token secret key
+    generated into `<data_dir>/security`, TLS on two more ports (service_url_tls, admin_url_tls),
+    token authentication, authorization with the setup's super-user role (the health check and
+    `admin_headers()` authenticate as it) and, with `function_worker`, a worker that runs each
+    instance with its submitter's token. `data_dir` is kept
     across restarts when given (a data dir that ran before starts on the ports it ran on, kept in
     its ports.json), otherwise a temporary directory is used and removed on stop.
     """
@@ -166,6 +171,7 @@ class PulsarStandalone:
     broker_port: int = 0
     web_port: int = 0
     host: str = "127.0.0.1"
+    security: Optional[SecuritySetup] = None
     _proc: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _watchdog: Optional[subprocess.Popen] = field(default=None, init=False, repr=False)
     _log_file: Optional[IO[bytes]] = field(default=None, init=False, repr=False)
@@ -184,6 +190,53 @@ class PulsarStandalone:
     def admin_url(self) -> str:
         """The broker's admin REST API (and web service)."""
         return f"http://{self.host}:{self.ports['web']}"
+
+    @property
+    def service_url_tls(self) -> str:
+        """The pulsar+ssl:// URL (secured standalones only)."""
+        return f"pulsar+ssl://{self.host}:{self._secured_port('broker_tls')}"
+
+    @property
+    def admin_url_tls(self) -> str:
+        """The admin REST API over TLS (secured standalones only)."""
+        return f"https://{self.host}:{self._secured_port('web_tls')}"
+
+    @property
+    def ca_path(self) -> Path:
+        """The CA certificate clients trust (secured standalones only)."""
+        return self._security().ca_path
+
+    def token(self, role: str) -> str:
+        """A token for `role` this standalone accepts (secured standalones only)."""
+        return self._security().token(role)
+
+    @property
+    def super_user(self) -> str:
+        """The super-user role (secured standalones only)."""
+        return self._security().super_user
+
+    def admin_headers(self) -> Dict[str, str]:
+        """HTTP headers for the admin REST API: the super user's Bearer token when secured."""
+        return {"Authorization": f"Bearer {self.token(self.super_user)}"} if self.security else {}
+
+    def ssl_context(self) -> Any:
+        """An ssl.SSLContext trusting this standalone's CA (None when it is not secured)."""
+        if self.security is None:
+            return None
+        import ssl
+
+        ctx = ssl.create_default_context(cafile=str(self.ca_path))
+        ctx.check_hostname = False  # the certificate names 127.0.0.1 and localhost; urllib asks by IP
+        return ctx
+
+    def _security(self) -> SecuritySetup:
+        if self.security is None:
+            raise PulsarSetupError("this standalone runs without security (PulsarStandalone(security=...))")
+        return self.security
+
+    def _secured_port(self, name: str) -> int:
+        self._security()
+        return self.ports[name]
 
     @property
     def bookie_http_url(self) -> str:
@@ -240,6 +293,9 @@ class PulsarStandalone:
             raise PulsarSetupError(f"{self.data_dir} last ran on fixed ports and {', '.join(busy)} is now in use "
                                    "on 127.0.0.1: stop what listens there, or start on a fresh data dir")
         self.ports = ports
+        for name in ("broker_tls", "web_tls") if self.security is not None else ():
+            if name not in self.ports:  # a data dir that last ran unsecured
+                self.ports[name] = free_port(self.host)
         return True
 
     def _pick_ports(self) -> None:
@@ -251,7 +307,10 @@ class PulsarStandalone:
                 raise PulsarSetupError(f"port {self.host}:{port} ({name}) is already in use: stop what listens "
                                        "there or leave the port unset so a free one is picked")
         taken: List[int] = []
-        for name in ("broker", "web", "zookeeper", "bookie", "bookie_http", "stream"):
+        names = ["broker", "web", "zookeeper", "bookie", "bookie_http", "stream"]
+        if self.security is not None:
+            names += ["broker_tls", "web_tls"]
+        for name in names:
             port = wanted.get(name) or 0
             while not port or port in taken:
                 port = free_port(self.host)
@@ -296,6 +355,9 @@ class PulsarStandalone:
             "journalDirectory": str(d / "bookkeeper" / "journal"),
             "ledgerDirectories": str(d / "bookkeeper" / "ledgers"),
         }
+        if self.security is not None:
+            conf.update(self.security.broker_config(broker_tls_port=self.ports["broker_tls"],
+                                                    web_tls_port=self.ports["web_tls"]))
         conf.update({k: str(v) for k, v in self.config.items()})
         return "".join(f"{k}={v}\n" for k, v in conf.items())
 
@@ -308,7 +370,11 @@ class PulsarStandalone:
 
     def _functions_worker_yml(self) -> str:
         assert self.data_dir is not None
-        extra = dict(self.worker_config)
+        extra: Dict[str, Any] = {}
+        if self.security is not None:
+            extra.update(self.security.worker_config(service_url_tls=self.service_url_tls,
+                                                     admin_url_tls=self.admin_url_tls))
+        extra.update(self.worker_config)
         python_instance = extra.pop("pythonInstanceLocation", None)
         liveness = extra.pop("instanceLivenessCheckFreqMs", 30_000)
         assert self.release is not None
@@ -339,6 +405,8 @@ class PulsarStandalone:
         # written into its configuration would name a directory nested inside it.
         self.data_dir = d = absolute(self.data_dir)
         (d / "logs").mkdir(parents=True, exist_ok=True)
+        if self.security is not None:
+            self.security.write(d / "security")
         (d / "ports.json").write_text(json.dumps(self.ports))
         conf = d / "standalone.conf"
         conf.write_text(self._standalone_conf())
@@ -384,7 +452,11 @@ class PulsarStandalone:
 
     def _wait_ready(self, t0: float) -> None:
         deadline = t0 + self.start_timeout
-        health = f"{self.admin_url}/admin/v2/brokers/health"
+        # Secured: over TLS with the super user's token (which also proves the broker's own
+        # client, which the health check produces and consumes with, authenticates).
+        base = self.admin_url_tls if self.security is not None else self.admin_url
+        health = f"{base}/admin/v2/brokers/health"
+        request = urllib.request.Request(health, headers=self.admin_headers())
         while True:
             assert self._proc is not None
             rc = self._proc.poll()
@@ -394,7 +466,7 @@ class PulsarStandalone:
             stream_up = port_open(self.host, self.ports["stream"]) if self.stream_storage else True
             if stream_up and port_open(self.host, self.ports["bookie_http"]):
                 try:
-                    with urllib.request.urlopen(health, timeout=5) as resp:
+                    with urllib.request.urlopen(request, timeout=5, context=self.ssl_context()) as resp:
                         if resp.status == 200 and resp.read().strip() == b"ok":
                             return
                 except (urllib.error.URLError, OSError):
@@ -470,4 +542,4 @@ class PulsarStandalone:
         self.stop()
 
 
-__all__ = ["PROFILES", "PulsarStandalone", "PulsarSetupError", "TRACKERS", "functions_worker_config"]
+__all__ = ["PROFILES", "PulsarStandalone", "PulsarSetupError", "SecuritySetup", "TRACKERS", "functions_worker_config"]
