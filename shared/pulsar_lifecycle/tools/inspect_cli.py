@@ -95,6 +95,10 @@ def inspect_writer_cmd(config_file: str, data_dir: str, store: Optional[str], st
         raise click.BadParameter(f"{store} is not a directory", param_hint="--store")
     report = inspect_writer(spec, data_dir=Path(data_dir), state_url=state_url, store=store)
     _emit(as_json, writer_dict(report), writer_view(report, wall_clock_ms()))
+    if not as_json and report.problem:
+        # Held targets (the writer cannot publish to them) and other problems of an index that reads.
+        from rich.text import Text
+        Console(width=160).print(Text.assemble(("problem", "bold red"), f": {report.problem}"))
 
 
 @inspect_group.command("syncer")

@@ -10,6 +10,7 @@ and the id of the index it follows) is the function's state table: `<data-dir>/s
 """
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..scheduler.config import WriterConfig, parse_writer_config, scheduling_inp
 from ..scheduler.context_state import ContextStateStore
 from ..scheduler.factory import default_snapshot_dir
 from ..scheduler.index_identity import STATE_KEY
+from ..scheduler.service import STATUS_KEY
 from ..state import StateStore
 from .common import InspectError, StateReader, open_state_reader
 
@@ -54,6 +56,11 @@ class WriterIndexReport:
     index: Optional[IndexView]
     dedup: Optional[DedupView]
     problem: str = ""
+    # Targets whose releases the writer holds (it cannot publish to them): target, reason, held,
+    # since_ms, attempts, next_try_ms; from the status the release thread stores while one is held.
+    held_targets: List[Dict[str, Any]] = field(default_factory=list)
+    dead_lettered: int = 0
+    dead_letter_topic: str = ""
 
     @property
     def identity_ok(self) -> Optional[bool]:
@@ -75,6 +82,36 @@ class WriterReport:
     def pending(self) -> int:
         """Pending messages over every index."""
         return sum(r.index.pending for r in self.indexes if r.index is not None)
+
+    @property
+    def problem(self) -> str:
+        """What is wrong, over every index ("" when nothing is known to be)."""
+        return "; ".join(f"{r.label}: {r.problem}" for r in self.indexes if r.problem)
+
+
+def read_release_status(state: Optional[StateStore], prefix: str) -> Dict[str, Any]:
+    """The release status the writer stores while a target is held (empty: none stored)."""
+    if state is None:
+        return {}
+    raw = ContextStateStore(StateReader(state), prefix=prefix).get(STATUS_KEY)
+    if raw is None:
+        return {}
+    try:
+        status = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return status if isinstance(status, dict) else {}
+
+
+def held_problem(held: List[Dict[str, Any]], now_ms: int) -> str:
+    """One line naming the targets the writer holds releases for."""
+    parts = []
+    for h in held:
+        since = h.get("since_ms")
+        age = f" for {max(0, now_ms - int(since)) / 1000:.0f} s" if since is not None else ""
+        parts.append(f"target {h.get('target')} refuses releases{age} ({h.get('held', 0)} held, "
+                     f"{h.get('attempts', 0)} attempts): {h.get('reason', '')}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -179,13 +216,20 @@ def inspect_writer(spec: Any, *, data_dir: Path, state_url: Optional[str] = None
         for label, instance, prefix, producer in units:
             ident = _Identity(spec.tenant, spec.namespace, spec.name, instance, Path(data_dir))
             dedup = read_dedup(state, prefix, producer, output)
+            status = read_release_status(state, prefix)
+            held = list(status.get("held_targets") or [])
+            extra = {"held_targets": held, "dead_lettered": int(status.get("dead_lettered") or 0),
+                     "dead_letter_topic": str(status.get("dead_letter_topic") or "")}
+            stuck = held_problem(held, int(status.get("at_ms") or 0))
             try:
                 storage = _open_store(cfg, ident, label if partitioned else None, store, partitioned)
             except PulsarLifecycleError as exc:
-                report.indexes.append(WriterIndexReport(label, "", None, dedup, problem=str(exc)))
+                report.indexes.append(WriterIndexReport(label, "", None, dedup, problem="; ".join(
+                    p for p in (str(exc), stuck) if p), **extra))
                 continue
             try:
-                report.indexes.append(WriterIndexReport(label, _describe(storage), view_index(storage), dedup))
+                report.indexes.append(WriterIndexReport(label, _describe(storage), view_index(storage), dedup,
+                                                        problem=stuck, **extra))
             finally:
                 storage.close()
     finally:
@@ -198,10 +242,12 @@ def inspect_writer(spec: Any, *, data_dir: Path, state_url: Optional[str] = None
 
 def report_dict(report: WriterReport) -> Dict[str, Any]:
     """The JSON form of a WriterReport."""
-    out: Dict[str, Any] = {"function": report.fqfn, "output": report.output, "pending": report.pending, "indexes": []}
+    out: Dict[str, Any] = {"function": report.fqfn, "output": report.output, "pending": report.pending,
+                           "problem": report.problem, "indexes": []}
     for r in report.indexes:
         item: Dict[str, Any] = {"label": r.label, "store": r.store, "problem": r.problem,
-                                "identity_ok": r.identity_ok}
+                                "identity_ok": r.identity_ok, "held_targets": r.held_targets,
+                                "dead_lettered": r.dead_lettered, "dead_letter_topic": r.dead_letter_topic}
         if r.index is not None:
             idx = asdict(r.index)
             idx["snapshot_bytes"] = r.index.snapshot_bytes
