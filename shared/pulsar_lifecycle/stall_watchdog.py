@@ -61,6 +61,7 @@ class StallWatchdog:
         self._next_check = time.monotonic() + BLIND_WAIT_S
         self._blind = 0
         self.resubscribed = 0
+        self._unanswered = 0  # non-blind re-subscriptions since messages last flowed
 
     def seen(self, ledger: int, entry: int) -> None:
         """A message at (ledger, entry) was received."""
@@ -70,6 +71,7 @@ class StallWatchdog:
 
     def flowing(self) -> None:
         """Messages arrive: check at the first idle receive (a stalled topic's head is due now)."""
+        self._unanswered = 0
         self._interval = STALL_CHECK_S
         self._next_check = 0.0
 
@@ -107,10 +109,16 @@ class StallWatchdog:
         self.queue_size = min(MAX_RESUBSCRIBE_QUEUE, 2 * self.queue_size)
         new = self._resubscribe(self.queue_size)
         self.resubscribed += 1
-        log.warning("event=%s topic=%s last_seen=%s topic_end=%s queue=%d blind=%s reason='%s'",
-                    self._event, self.topic, self.last_seen, end, self.queue_size, str(blind).lower(),
-                    "nothing received since the start; the topic may hold only acked messages" if blind
-                    else "idle with messages beyond the last received (a pulsar-lite permit stall)")
+        # A blind look cannot tell a stall from acked messages, and one re-subscription clears a
+        # pulsar-lite permit stall (a closed consumer's deficit: the runtime's input after the
+        # writer started, a predecessor's): a stall that outlasts a re-subscription is the fault.
+        again = not blind and self._unanswered > 0
+        self._unanswered += 0 if blind else 1
+        (log.warning if again else log.info)(
+            "event=%s topic=%s last_seen=%s topic_end=%s queue=%d blind=%s again=%s reason='%s'",
+            self._event, self.topic, self.last_seen, end, self.queue_size, str(blind).lower(), str(again).lower(),
+            "nothing received since the start; the topic may hold only acked messages" if blind
+            else "idle with messages beyond the last received (a pulsar-lite permit stall)")
         try:
             consumer.close()
         except pulsar.PulsarException as exc:  # the new consumer already reads the topic

@@ -24,6 +24,7 @@ from ..config.settings import read_setting, to_int, to_str
 from ..durable import atomic_write
 from ..exceptions import PulsarLifecycleError
 from ..local_paths import absolute
+from ..readers import holding_messages
 from ..scheduling_protocol import TICK_PROP
 from ..state import open_state_store
 from ..state.base import StateStore
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 # Start ticks (tickMode hold, external broker): from START_TICK_AFTER_S after the start, one per
 # START_TICK_S until every instance ran, for at most START_TICKS_S.
 START_TICK_AFTER_S = 2.0
+HELD_TICK_LOOK_S = 0.5  # how long a Reader looks for a message on the tick topic
 START_TICK_S = 0.2
 START_TICKS_S = 60.0
 
@@ -276,8 +278,20 @@ class LocalRunner:
             except Exception as exc:  # the client may be closing
                 log.debug("event=tick_failed topic=%s error=%r", topic, exc)
                 return
-            log.warning("event=start_ticks topic=%s reason='no instance ran within %.0f s of the start: the held "
-                        "wake tick may be with a dead consumer the broker kept'", topic, START_TICK_AFTER_S)
+            # A tick topic without messages (a new broker or function) has no held tick: the
+            # instances wait for their first input, and these ticks start them. One that holds
+            # messages and still started no instance lost its held tick to a consumer the broker kept.
+            try:
+                held = bool(holding_messages(self._clients[0], [topic], HELD_TICK_LOOK_S))
+            except pulsar.PulsarException as exc:
+                log.debug("event=held_tick_look_failed topic=%s error=%r", topic, exc)
+                held = True
+            if held:
+                log.warning("event=start_ticks topic=%s reason='no instance ran within %.0f s of the start: the held "
+                            "wake tick may be with a dead consumer the broker kept'", topic, START_TICK_AFTER_S)
+            else:
+                log.info("event=start_ticks topic=%s reason='no wake tick on the topic yet (a new topic): the ticks "
+                         "start the instances before their first input'", topic)
             deadline = time.monotonic() + START_TICKS_S
             while time.monotonic() < deadline and not started():
                 try:

@@ -85,6 +85,7 @@ EMPTY: Entry = (-1, -1)  # below every entry: the topic held no message when the
 START_LOOK_S = 1.0  # a Reader from the earliest message that gets none this long: the topic is empty
 CHECK_MIN_S, CHECK_MAX_S = 0.25, 5.0  # between looks at the topic's end (backing off while caught up)
 LAG_S = 0.5  # not at the end the topic had this long ago, without a full batch since: starved
+IN_FLIGHT_MS = 5000  # a gap read's messages published this recently are in flight, not held
 HOLE_GRACE_S = 0.25  # a hole open this long is read (Apache Pulsar fills one by redelivery within ms)
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 30.0  # after a read that stalled
 READ_TIMEOUT_MS = 1000  # a Reader that gets nothing this long before the gap's end has stalled
@@ -507,6 +508,7 @@ class IntakeGaps:
             if taken.first is None:
                 taken.first = here
             taken.found.append(Pending(item, None, payload, props))
+            taken.oldest_ms = min(taken.oldest_ms or now, msg.publish_timestamp() or now)
 
     def _batch(self, found: List[Pending], last_complete: Optional[Entry], reached: bool) -> Optional[IntakeBatch]:
         """The messages found as an intake batch whose ack records the read (at once when none)."""
@@ -525,12 +527,16 @@ class IntakeGaps:
     def _log_read(self, how: str, start: Entry, to: Optional[Entry], taken: "_Taken", complete: bool,
                   seconds: float) -> None:
         # A follower reads between every batch: its reads are logged at DEBUG, its start and stop above.
-        log_at = log.debug if how == "follow" else log.warning if taken.found else log.info
+        # Messages published moments ago are on their way to the consumer (a new topic's first
+        # message, one handed back by the runtime's input): only older ones mean a consumer holds them.
+        held = taken.oldest_ms is not None and wall_clock_ms() - taken.oldest_ms > IN_FLIGHT_MS
+        log_at = log.debug if how == "follow" else log.warning if held else log.info
         log_at("event=intake_gap_read how=%s topic=%s from=%s to=%s read=%d found=%d invalid_left=%d complete=%s "
                "seconds=%.2f reason='%s'", how, self.topic, start, to, taken.read, len(taken.found), taken.invalid,
                str(complete).lower(), seconds,
-               "messages the subscription has not given this consumer; indexed from a Reader, acked when the broker "
-               "hands them out" if taken.found else "checked: nothing missing")
+               ("messages the subscription has not given this consumer; indexed from a Reader, acked when the broker "
+                "hands them out" if held else "messages published moments ago, not handed to the consumer yet; indexed "
+                "from a Reader, acked when the broker hands them out") if taken.found else "checked: nothing missing")
 
 
 @dataclass
@@ -547,6 +553,7 @@ class _Taken:
     invalid: int = 0
     found: List[Pending] = field(default_factory=list)
     seen: Set[Tuple[int, int]] = field(default_factory=set)
+    oldest_ms: Optional[int] = None  # the publish time of the oldest message found
 
 
 def _last_entry(consumer: Any) -> Optional[Entry]:

@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Deque, Dict, List, Optional, Protocol, Tuple
 
+import pulsar
+
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, encode, format_user_id
 from ..bucket.records import DelayedMessage, Release
@@ -320,6 +322,10 @@ class SchedulerService:
                         self.record_metric(PERSIST_FAILURES_METRIC, 1.0)
                     except Exception as mexc:  # a metrics failure must not hide the real one
                         log.debug("event=metric_record_failed error=%r", mexc)
+                    return
+                if isinstance(exc, pulsar.AlreadyClosed):  # only its runtime closes the client: a stop
+                    log.info("event=scheduler_thread_stopped thread=%s reason='the client was closed: the runtime "
+                             "is stopping'", threading.current_thread().name)
                     return
                 log.exception("event=scheduler_thread_failed thread=%s error=%r", threading.current_thread().name, exc)
         return run
