@@ -151,6 +151,9 @@ class TopicChannel:
     publish_lock: threading.Lock = field(default_factory=threading.Lock)
     snapshot_lock: threading.Lock = field(default_factory=threading.Lock)
     tiebreak: "itertools.count[int]" = field(default_factory=itertools.count)
+    # Optional: called on pulsar-client's I/O thread with (topic, sequence id, message id) for
+    # every message this channel's broker confirms (DedupPublisher.track_landed); keep it short.
+    on_landed: Optional[Callable[[str, int, Any], None]] = None
 
     # -- errors ----------------------------------------------------------------------------------
     def failed_error(self) -> PublishError:
@@ -295,6 +298,9 @@ class TopicChannel:
         callback = lambda res, msg_id: self.on_send_complete(pending, res, msg_id)  # noqa: E731
         last = len(run) - 1
         i = 0
+        if self.on_landed is not None:
+            self._send_run_tracked(pending, run, self.on_landed)
+            return
         try:
             raw = getattr(self.producer, "_producer", None)
             if raw is not None and _MessageBuilder is not None:
@@ -317,6 +323,46 @@ class TopicChannel:
                     self.producer.send_async(bytes(m.payload), callback if i == last else None, properties=props,
                                              partition_key=m.partition_key, sequence_id=m.sequence_id,
                                              event_timestamp=m.event_timestamp, **extra)
+        except Exception as exc:
+            self.strand(pending, f"send raised: {exc}")
+            seq = run[i][0].sequence_id
+            log.error("event=dedup_send_failed topic=%s producer=%s seq=%d error=%r", self.topic, self.producer_name,
+                      seq, exc)
+            raise PublishError(f"topic {self.topic} producer {self.producer_name}: send of sequence id "
+                               f"{seq} failed: {exc}") from exc
+        self.sent += len(run)
+
+    def _send_run_tracked(self, pending: PendingSend, run: List[Tuple[OutMessage, Dict[str, str]]],
+                          landed: Callable[[str, int, Any], None]) -> None:
+        """`send_run` with a completion callback on every message that reports where it landed
+        (`on_landed`); the last one also completes the run."""
+        assert self.producer is not None
+        topic, ok = self.topic, pulsar.Result.Ok
+        last = len(run) - 1
+        i = 0
+
+        def track(seq: int) -> Callable[[object, object], None]:
+            def cb(res: object, msg_id: object) -> None:
+                if res == ok:
+                    try:
+                        landed(topic, seq, msg_id)
+                    except Exception:  # pragma: no cover - never into pulsar-client's thread
+                        log.exception("event=dedup_landed_callback_error topic=%s seq=%d", topic, seq)
+            return cb
+
+        def finish(seq: int) -> Callable[[object, object], None]:
+            first = track(seq)
+
+            def cb(res: object, msg_id: object) -> None:
+                first(res, msg_id)
+                self.on_send_complete(pending, res, msg_id)
+            return cb
+        try:
+            for i, (m, props) in enumerate(run):
+                extra = {} if m.deliver_at is None else {"deliver_at": int(m.deliver_at)}
+                self.producer.send_async(bytes(m.payload), finish(m.sequence_id) if i == last else track(m.sequence_id),
+                                         properties=props, partition_key=m.partition_key, sequence_id=m.sequence_id,
+                                         event_timestamp=m.event_timestamp, **extra)
         except Exception as exc:
             self.strand(pending, f"send raised: {exc}")
             seq = run[i][0].sequence_id

@@ -6,6 +6,7 @@ from typing import Any, List, Mapping, Optional
 
 from ..config.settings import check_settings, parse_settings, setting, user_config_keys
 from ..config.system import FOR_OPERATORS, FunctionTopology, Write, config_inputs, function_name
+from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
 from ..dedup.publisher import normalize_topic
 from .errors import ConfigError
 from .rule import cancel_topic, dead_letter_topic, partition_topic
@@ -82,6 +83,18 @@ class SyncerConfig:
         'onMissingTarget', 'dead-letter',
         'A parked message whose business topic no longer exists (admin API): `dead-letter` to `<delay-level topic>-DLQ` with the reason, or `forward` anyway.',
         choices=("dead-letter", "forward"))
+    key_hashing: str = setting(
+        'keyHashing', DEFAULT_KEY_HASHING,
+        "How a forward with a key picks its partition of a partitioned target (the scheduling topic, or with the `broker` backend the business topic): `java_string` (Pulsar's Java client default, JavaStringHash) or `murmur3_32` (Murmur3_32Hash, the Java client's other choice); the one your business producers use, so that a key's delayed and undelayed messages share a partition. Unkeyed forwards are routed by their sequence id.",
+        choices=tuple(sorted(KEY_HASHINGS)))
+    forward_retry_seconds: int = setting(
+        'forwardRetrySeconds', 60,
+        "A forward its target refuses (authorization, schema, a missing namespace; with the `broker` backend the business topic is the target) is retried with backoff (0.5 s doubling to 10 s) this long, then sent to `<delay-level topic>-DLQ` with the reason (`__pl_error__`) and its original properties. Its partition waits meanwhile (forwards are in order within a partition); the other partitions go on.",
+        minimum=0)
+    forward_positions_kept: int = setting(
+        'forwardPositionsKept', 200000,
+        "Per partition, how many recent forwards' landed positions are kept in memory, so that a cancel of a forwarded message is sent on to the writer at once; older ones (and those forwarded before a restart) are found by reading the scheduling topic. 0 = always read.",
+        minimum=0)
     pulsar_admin_url: str = setting(
         'pulsarAdminUrl', '',
         'http(s)://broker:8080 for the checks that need the admin API (target existence, retention policies, writer backlog); empty = skipped.')

@@ -14,6 +14,7 @@ the publisher drops what is already on the target topic (same names, same ids).
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -25,6 +26,7 @@ import pulsar
 
 from .. import native_consumer
 from ..dedup.publisher import DedupPublisher, Outcome, OutMessage
+from ..dedup.sequence_map import DedupError
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
@@ -58,6 +60,13 @@ GAP_LOG_EVERY_S = 30.0
 # (0.5 s waited for the third, 0.6 s, after every restart on pulsar-lite).
 GAP_READ_AFTER_S = 0.2
 HANDLED_KEY_PREFIX = "delay-level/handled"  # /<producer name>: highest position handled without a forward
+PROBLEM_KEY_PREFIX = "delay-level/forward-problem"  # /<k>: a forward being retried (JSON), "" once it is not
+RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0  # backoff between attempts at a forward the target refused
+# What a refusing target raises: a send that failed (PublishError), a producer or lookup the broker
+# refused (pulsar exceptions: authorization, schema, topic or namespace not found), a recovery that
+# could not read the target. Not a timeout: that is no answer (a broker outage), so the forwarder
+# fails and is rebuilt as before, and nothing is dead-lettered for it.
+FORWARD_REFUSALS = (DedupError, pulsar.PulsarException)
 
 
 def position_of(mid: pulsar.MessageId, with_size: bool = False) -> Pos:
@@ -104,6 +113,9 @@ class ForwardPolicy:
     pipeline_depth: int = 0
     # How many partitions forward at once (forwardConcurrency); None = no limit.
     slots: Optional[ForwardSlots] = None
+    # How long a forward the target refuses is retried (with backoff) before it is dead-lettered
+    # with the reason (forwardRetrySeconds).
+    retry_s: float = 60.0
 
 
 @dataclass
@@ -116,6 +128,11 @@ class ForwarderStats:
     duplicates: int = 0
     next_forward_at: int = 0  # 0 = no head held
     forward_lag_ms: int = 0  # how late the last batch's head left compared with its forward time
+    forward_retries: int = 0  # attempts at a forward the target refused
+    forward_failed: int = 0  # forwards dead-lettered after forwardRetrySeconds of refusals
+    stuck_target: str = ""  # the target a forward is being retried to ("" = none)
+    stuck_since_ms: int = 0
+    stuck_reason: str = ""
 
 
 @dataclass(slots=True)
@@ -129,14 +146,22 @@ class _Held:
     seq: int  # the forward's sequence id (from the source position)
     ref: str  # the source position, "<ledger>:<entry>[:<batch>]"
     error: str = ""
+    # Once built (`_out_message`): its target, its forward and its kind, and the strategy
+    # properties the forward drops (restored on a dead letter).
+    out: Optional[Tuple[str, OutMessage, str]] = None
+    dropped_props: Optional[Dict[str, str]] = None
+
+
+class _Stopped(Exception):
+    """The syncer stops while a refused forward waits for its next attempt (nothing is acked)."""
 
 
 @dataclass
 class _InFlight:
-    """A batch sent to one topic and not yet confirmed: acked once `last_seq` is persisted."""
+    """A batch sent and not yet confirmed: acked once each destination's watermark passes its
+    highest sequence id there (one destination, or partitions of a partitioned target)."""
 
-    topic: str
-    last_seq: int  # highest sequence id of the batch (the publisher's watermark must pass it)
+    dests: List[Tuple[str, int]]  # (destination topic or partition, highest sequence id sent there)
     claimed: int  # the forwarder's claim when it was sent (`done` moves there once it is acked)
     held: List[_Held]
     kinds: List[str]  # per message "forward" | "dead-letter", counted once confirmed
@@ -174,7 +199,19 @@ class PartitionForwarder:
         # Everything up to the highest forward on the topics and the highest position handled
         # without one (cancelled, dead-lettered, broker backend; recorded before its ack) is
         # handled: positions are handled strictly in order (order.py).
-        self._claimed = max([publisher.persisted_seq(t) for t in publisher.topics()] + [int(raw) if raw else -1])
+        near = policy.near_term_topic
+        # A plain near-term topic's watermark is a prefix of the forwards (one producer, in
+        # order). Over a partitioned one it is not (partition 1 may hold seq 100 while seq 99,
+        # routed to partition 2, was lost in a crash): there the handled position is recorded
+        # before every ack, and the partitions' de-duplication drops what a replay sends again.
+        self._near_plain: Optional[str] = near if near is not None and publisher.partitions(near) == 0 else None
+        if self._near_plain is not None:
+            self._near_plain = publisher.destination(self._near_plain, 1)  # its normalized name
+        watermarks = [publisher.persisted_seq(self._near_plain)] if self._near_plain is not None else []
+        self._claimed = max(watermarks + [int(raw) if raw else -1])
+        self._problem_key = f"{PROBLEM_KEY_PREFIX}/{k}"
+        self._in_slot = False  # holds one of the forward slots (released while a refused forward waits)
+        self._known_persisted: Dict[str, int] = {}  # a discarded channel's last watermark
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._recorded = self._claimed  # the handled position last written to the state store
         queue = receiver_queue_size or policy.receiver_queue_size or 200
@@ -183,7 +220,8 @@ class PartitionForwarder:
         self._probe = probe
         self._read_gap = read_gap
         self._read_tail_fn = read_tail
-        self._tail_more = False  # the last tail read stopped at its limit: read on once idle        self._gate: Optional[OrderGate[pulsar.Message]] = None
+        self._tail_more = False  # the last tail read stopped at its limit: read on once idle
+        self._gate: Optional[OrderGate[pulsar.Message]] = None
         if probe is not None:
             frontier = Pos(*source_position(self._claimed)) if self._claimed > 0 else None
             self._gate = OrderGate(frontier, cap=max(queue, policy.batch_size), sizer=_batch_size)
@@ -251,6 +289,8 @@ class PartitionForwarder:
         try:
             while not self.stop.is_set():
                 self._step()
+        except _Stopped:
+            return  # unacked messages are redelivered to the next consumer
         except BaseException as exc:  # the service sees it through `failure` and is rebuilt
             self.failure = exc
             log.error("event=delay_level_forwarder_failed partition=%s error=%r", self.topic, exc)
@@ -443,10 +483,13 @@ class PartitionForwarder:
         if slots is None:
             self._forward_due(due)
         elif slots.acquire(self.stop):
+            self._in_slot = True
             try:
                 self._forward_due(due)
             finally:
-                slots.release()
+                if self._in_slot:
+                    self._in_slot = False
+                    slots.release()
 
     def _forward_due(self, due: int) -> None:
         """Take the due head and the following due messages, up to a batch, and forward them.
@@ -565,21 +608,31 @@ class PartitionForwarder:
                         groups.append((topic, [out]))
         if len(groups) == 1 and not dropped and not not_found:
             # The common case: one topic, nothing cancelled. Send it and confirm the batches
-            # before it (pipelined); this one is acked once the publisher's watermark passes it.
+            # before it (pipelined); this one is acked once the publisher's watermarks pass it.
             topic, msgs = groups[0]
-            outcomes = self._publish(topic, msgs)
-            # The highest id, not the last: a message redelivered out of order can end a batch.
-            last = max([m.sequence_id for m in msgs])
-            record = topic != self.policy.near_term_topic  # the broker backend or the dead-letter topic
-            self._inflight.append(_InFlight(topic, last, self._claimed, batch, kinds, outcomes, record))
+            try:
+                outcomes, dests = self._publish(topic, msgs)
+            except FORWARD_REFUSALS as exc:
+                self._recover(exc, [h for h in batch])
+                return
+            # Not on the plain near-term topic (broker backend, dead-letter topic, partitions):
+            # record the handled position before the ack.
+            record = len(dests) != 1 or dests[0][0] != self._near_plain
+            self._inflight.append(_InFlight(dests, self._claimed, batch, kinds, outcomes, record))
             self._settle(self.policy.pipeline_depth)
             return
         self._settle(0)  # keep `done` a prefix: older batches are acked first
         outcomes = []
-        for topic, msgs in groups:
-            outcomes += self._publish(topic, msgs)
-        # Ack only what the broker confirmed: flush raises if any send failed.
-        self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
+        dropped_ids = {id(d) for d, _ in dropped}
+        try:
+            for topic, msgs in groups:
+                outcomes += self._publish(topic, msgs)[0]
+            # Ack only what the broker confirmed: flush raises if any send failed.
+            self.publisher.flush(timeout_s=FLUSH_TIMEOUT_S)
+        except FORWARD_REFUSALS as exc:
+            self._recover(exc, [h for h in batch if id(h.msg) not in dropped_ids])
+            outcomes, kinds = [], []
+            batch = []  # acked by `_recover`
         self._record_handled(self._claimed)  # cancels leave no forward behind
         for msg, cancel in dropped:
             self.consumer.acknowledge(msg)
@@ -588,7 +641,6 @@ class PartitionForwarder:
             log.info("event=delay_level_cancelled partition=%s msg_id=%s", self.topic, _ref(msg))
         ack = self.consumer.acknowledge
         if dropped:
-            dropped_ids = {id(d) for d, _ in dropped}
             for held in batch:
                 if id(held.msg) not in dropped_ids:
                     ack(held.msg)
@@ -600,19 +652,39 @@ class PartitionForwarder:
         self._done = max(self._done, self._claimed)
         self._count(kinds, outcomes)
 
-    def _publish(self, topic: str, msgs: List[OutMessage]) -> List[Outcome]:
+    def _publish(self, topic: str, msgs: List[OutMessage]) -> Tuple[List[Outcome], List[Tuple[str, int]]]:
+        """Publish to `topic` (a partitioned one: each message to the partition the publisher
+        routes it to); (outcomes in the order of `msgs`, [(destination, highest id sent there)])."""
         # The forwards' properties dicts are the parked messages' own (Message.properties(): str
         # -> str), built once by `_out_message`: handed over, not copied. The publisher writes its
         # two properties into them, replacing any a parked message carried.
-        return self.publisher.publish_many(topic, msgs, properties_owned=True)
+        publisher = self.publisher
+        routed = publisher.route(topic, msgs)
+        if len(routed) == 1:
+            dest, part = routed[0]
+            # The highest id, not the last: a message redelivered out of order can end a batch.
+            return publisher.publish_many(dest, part, properties_owned=True), [(dest, max([m.sequence_id for m in part]))]
+        by_seq: Dict[int, Outcome] = {}
+        dests: List[Tuple[str, int]] = []
+        for dest, part in routed:
+            for m, o in zip(part, publisher.publish_many(dest, part, properties_owned=True)):
+                by_seq[m.sequence_id] = o
+            dests.append((dest, max([m.sequence_id for m in part])))
+        return [by_seq[m.sequence_id] for m in msgs], dests
 
     def _settle(self, keep: int) -> None:
-        """Wait until all but the newest `keep` in-flight batches are persisted on their topic,
-        then ack them (oldest first; the publisher raises if a send failed, and nothing is acked)."""
+        """Wait until all but the newest `keep` in-flight batches are persisted on their
+        destinations, then ack them (oldest first). A send that failed is retried in order with
+        every unacked batch (`_recover`); nothing is acked before it is confirmed."""
         ack = self.consumer.acknowledge
         while len(self._inflight) > keep:
             batch = self._inflight[0]
-            self.publisher.wait_persisted(batch.topic, batch.last_seq, timeout_s=FLUSH_TIMEOUT_S)
+            try:
+                for dest, last in batch.dests:
+                    self.publisher.wait_persisted(dest, last, timeout_s=FLUSH_TIMEOUT_S)
+            except FORWARD_REFUSALS as exc:
+                self._recover(exc, [])
+                return
             if batch.record:
                 self._record_handled(batch.claimed)
             self._inflight.popleft()
@@ -620,6 +692,145 @@ class PartitionForwarder:
                 ack(held.msg)
             self._done = max(self._done, batch.claimed)
             self._count(batch.kinds, batch.outcomes)
+
+    # -- refused forwards ------------------------------------------------------------------
+
+    def _recover(self, exc: BaseException, current: List[_Held]) -> None:
+        """A target refused a forward (`exc`): forward every unacked message again, in order (the
+        in-flight batches, then `current`), one run of the same target after the other; a run the
+        target keeps refusing is retried with backoff for `retry_s`, then dead-lettered with the
+        reason. The partition waits meanwhile (order), the others forward on (the slot is given
+        up while waiting). What reached a target before is dropped by its de-duplication."""
+        held = [h for b in self._inflight for h in b.held] + current
+        self._inflight.clear()
+        log.warning("event=delay_level_forward_refused partition=%s unacked=%d error=%r", self.topic, len(held), exc)
+        i = 0
+        while i < len(held):
+            first = held[i].out
+            assert first is not None
+            j = i
+            while j < len(held) and held[j].out[0] == first[0]:  # type: ignore[index]
+                j += 1
+            self._forward_run(first[0], held[i:j])
+            i = j
+
+    def _forward_run(self, topic: str, run: List[_Held]) -> None:
+        """Forward `run` (messages to `topic`, in order) until confirmed, retrying a refusal with
+        backoff for `retry_s`, then dead-letter what did not reach it; record, ack, count."""
+        msgs = [h.out[1] for h in run]  # type: ignore[index]
+        kinds = [h.out[2] for h in run]  # type: ignore[index]
+        started: Optional[float] = None
+        delay = RETRY_MIN_S
+        while True:
+            try:
+                outcomes, dests = self._publish(topic, msgs)
+                for dest, last in dests:
+                    self.publisher.wait_persisted(dest, last, timeout_s=FLUSH_TIMEOUT_S)
+                break
+            except FORWARD_REFUSALS as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                self._discard(topic, msgs)
+                now = time.monotonic()
+                self.stats.forward_retries += 1
+                if started is None:
+                    started = now
+                    self._set_problem(topic, reason, len(run))
+                if now - started >= self.policy.retry_s:
+                    outcomes, kinds = self._dead_letter_run(topic, run, reason)
+                    break
+                log.info("event=delay_level_forward_retry partition=%s target=%s messages=%d retry_in_s=%.1f "
+                         "refused_for_s=%.1f error=%r", self.topic, topic, len(run), delay, now - started, reason)
+                self._backoff(delay)
+                delay = min(RETRY_MAX_S, 2 * delay)
+        if started is not None:
+            self._clear_problem(topic, time.monotonic() - started)
+        top = max(h.seq for h in run)
+        self._record_handled(top)
+        ack = self.consumer.acknowledge
+        for h in run:
+            ack(h.msg)
+        self._done = max(self._done, top)
+        self._count(kinds, outcomes)
+
+    def _discard(self, topic: str, msgs: List[OutMessage]) -> None:
+        """Drop the publisher's channels of `topic`'s destinations (a failed one refuses every
+        later publish), remembering their watermarks: the next attempt opens them again."""
+        try:
+            dests = [d for d, _ in self.publisher.route(topic, msgs)]
+        except FORWARD_REFUSALS:
+            return  # the lookup itself is refused: no channel was opened
+        for dest in dests:
+            seen = self.publisher.persisted_seq(dest)
+            self._known_persisted[dest] = max(self._known_persisted.get(dest, -1), seen)
+            self.publisher.discard(dest)
+
+    def _dead_letter_run(self, topic: str, run: List[_Held], reason: str) -> Tuple[List[Outcome], List[str]]:
+        """Send the messages of `run` that did not reach `topic` to the dead-letter topic, with
+        the reason and their original properties (the target, the strategy's); (outcomes, kinds)."""
+        why = f"forward to {topic} refused for {self.policy.retry_s:g} s: {reason}"
+        letters: List[OutMessage] = []
+        outcomes: List[Outcome] = []
+        kinds: List[str] = []
+        for h in run:
+            out = h.out[1]  # type: ignore[index]
+            try:
+                dest = self.publisher.destination(topic, out.sequence_id, out.partition_key)
+            except FORWARD_REFUSALS:
+                dest = ""
+            if dest and out.sequence_id <= max(self._known_persisted.get(dest, -1), self.publisher.persisted_seq(dest)):
+                outcomes.append(Outcome.DUPLICATE)  # it reached the target before the refusals
+                kinds.append("forward")
+                continue
+            props = {k: v for k, v in (out.properties or {}).items() if k not in ("__pl_producer__", "__pl_seq__")}
+            props.update(h.dropped_props or {})
+            if h.parked is not None:
+                props[TARGET_PROP] = h.parked.target
+            props[ERROR_PROP] = why
+            letters.append(OutMessage(out.payload, out.sequence_id, props, out.partition_key, out.event_timestamp))
+            kinds.append("dead-letter")
+        if letters:
+            outcomes += self.publisher.publish_many(self.policy.dead_letter_topic, letters)
+            self.publisher.wait_persisted(self.policy.dead_letter_topic, max(m.sequence_id for m in letters),
+                                          timeout_s=FLUSH_TIMEOUT_S)
+            self.stats.forward_failed += len(letters)
+        # outcomes: duplicates first, then the letters' (the order of `kinds` for counting)
+        kinds = ["forward"] * (len(kinds) - len(letters)) + ["dead-letter"] * len(letters)
+        log.error("event=delay_level_forward_dead_lettered partition=%s target=%s messages=%d dead_letter_topic=%s "
+                  "reason=%r", self.topic, topic, len(letters), self.policy.dead_letter_topic, why)
+        return outcomes, kinds
+
+    def _backoff(self, delay: float) -> None:
+        """Wait `delay` s without holding a forward slot (other partitions forward meanwhile)."""
+        slots, held = self.policy.slots, self._in_slot
+        if slots is not None and held:
+            self._in_slot = False
+            slots.release()
+        self.stop.wait(delay)
+        if self.stop.is_set():
+            raise _Stopped()
+        if slots is not None and held:
+            if not slots.acquire(self.stop):
+                raise _Stopped()
+            self._in_slot = True
+
+    def _set_problem(self, target: str, reason: str, messages: int) -> None:
+        now = self.policy.clock()
+        self.stats.stuck_target, self.stats.stuck_since_ms, self.stats.stuck_reason = target, now, reason
+        log.warning("event=delay_level_forward_stuck partition=%s target=%s messages=%d retry_s=%g error=%r", self.topic,
+                    target, messages, self.policy.retry_s, reason)
+        self._put_problem(json.dumps({"target": target, "reason": reason, "since_ms": now,
+                                      "retry_s": self.policy.retry_s, "dead_letter_topic": self.policy.dead_letter_topic}))
+
+    def _clear_problem(self, target: str, seconds: float) -> None:
+        self.stats.stuck_target, self.stats.stuck_since_ms, self.stats.stuck_reason = "", 0, ""
+        log.info("event=delay_level_forward_unstuck partition=%s target=%s seconds=%.1f", self.topic, target, seconds)
+        self._put_problem("")
+
+    def _put_problem(self, value: str) -> None:
+        try:
+            self.publisher.state_store.put(self._problem_key, value.encode())
+        except Exception as exc:  # only `inspect syncer` reads it; forwarding does not depend on it
+            log.warning("event=delay_level_problem_unrecorded partition=%s error=%r", self.topic, exc)
 
     def _record_handled(self, seq: int) -> None:
         """Write the highest handled position before acking messages that leave no forward on
@@ -649,9 +860,15 @@ class PartitionForwarder:
         """(topic, message, "forward" | "dead-letter") for one due parked message. Its properties
         dict becomes the forward's (once per message: a forward is built once, and the dict is
         handed to the publisher as it is; see `_publish`)."""
+        out = self._build_out(held, seq)
+        held.out = out
+        return out
+
+    def _build_out(self, held: _Held, seq: int) -> Tuple[str, OutMessage, str]:
         msg, parked = held.msg, held.parked
         props = held.props
         base, level = props.pop(BASE_PROP, None), props.pop(LEVEL_PROP, None)  # they only served the forward time
+        held.dropped_props = {n: v for n, v in ((BASE_PROP, base), (LEVEL_PROP, level)) if v is not None}
         props[ORIGIN_PARTITION_PROP] = self.topic
         props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None

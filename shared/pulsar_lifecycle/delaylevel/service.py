@@ -12,19 +12,21 @@ from typing import Callable, Dict, List, Optional, Tuple
 import pulsar
 
 from ..clock import Clock, wall_clock_ms
-from ..dedup.publisher import DedupPublisher
+from ..dedup.publisher import DedupPublisher, normalize_topic
 from ..dedup.recovery import last_position
 from ..partition_assignment import assign_partitions
+from ..producers import ProducerPool
 from ..readers import HoldsMessages, close_quietly, has_more, reader_at
-from ..scheduling_protocol import CANCEL_PROP, ProtocolError, parse_cancel_target
+from ..scheduling_protocol import CANCEL_PROP, MessageRef, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
 from ..subscribe import subscribe_promptly
-from ..timing.delayed_producer import DelayedProducer
+from ..topics import partition_name
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, PartitionRefusedError, ShrinkRefusedError
 from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder, position_of
+from .landed import LandedForwards
 from .order import Pos
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
 from .slots import ForwardSlots
@@ -160,8 +162,11 @@ class DelayLevelSyncerService:
         # Where forwards can be found for cancels that come after them (scheduler backend only):
         # kept two units + lookahead (a forward waits in the index at most one unit + lookahead).
         self.trail = ForwardTrail(retention_ms=2 * self.strategy.unit_ms + 2 * cfg.lookahead_millis)
-        self._tombstones: Optional[DelayedProducer] = None
+        self._tombstones: Optional[ProducerPool] = None  # the writer's cancels, per destination
         self.cancels_followed = 0  # late cancels sent on to the writer as tombstones
+        self.cancels_followed_read = 0  # of them, found by reading the topic (not in the landed record)
+        self._near_partitions = 0  # the near-term topic's partition count (0: not partitioned)
+        self.landed: Dict[int, LandedForwards] = {}  # partition -> where its recent forwards landed
         self.on_failure: Optional[Callable[[], None]] = None  # called once when a thread fails
 
     # -- start -----------------------------------------------------------------------------
@@ -238,8 +243,13 @@ class DelayLevelSyncerService:
             dead_letter_topic=f"{cfg.delay_level_topic}-DLQ",
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock, receiver_queue_size=cfg.receiver_queue_size,
-            pipeline_depth=cfg.forward_pipeline_depth, slots=ForwardSlots(cfg.forward_concurrency))
+            pipeline_depth=cfg.forward_pipeline_depth, slots=ForwardSlots(cfg.forward_concurrency),
+            retry_s=float(cfg.forward_retry_seconds))
         try:
+            if self._policy.near_term_topic is not None:
+                near = self._policy.near_term_topic
+                names = [normalize_topic(p) for p in self.client.get_topic_partitions(near)]
+                self._near_partitions = 0 if names == [near] else len(names)
             # Recover every partition's dedup map before the first forward; in parallel, since
             # each recovery probes the topic's end (about 0.5 s on an idle topic).
             with ThreadPoolExecutor(max_workers=OPEN_PARALLELISM) as pool:
@@ -251,7 +261,10 @@ class DelayLevelSyncerService:
             if self._policy.near_term_topic is not None:
                 self._load_trail()
                 self._take_checkpoint()  # before the first forward: every later one is after it
-                self._tombstones = DelayedProducer(self.client, scheduling_topic=self._policy.near_term_topic)
+                # Cancels go to the partition (or topic) that holds the forward: the writer
+                # instance that indexed it. Batching on, as DelayedProducer's.
+                self._tombstones = ProducerPool(self.client, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                                block_if_queue_full=True)
         except BaseException:
             self.stop()
             raise
@@ -272,12 +285,20 @@ class DelayLevelSyncerService:
         """Partition k's forward publisher (stable name `<prefix>-p<k>`), recovered on the near-term topic."""
         publisher = DedupPublisher(self.client, f"{self.producer_prefix}-p{k}", self.state,
                                    snapshot_interval=self.cfg.dedup_snapshot_interval,
-                                   max_pending_messages=max(1000, 2 * self.cfg.forward_batch_size))
+                                   max_pending_messages=max(1000, 2 * self.cfg.forward_batch_size),
+                                   key_hashing=self.cfg.key_hashing)
         with self._grow_lock:
             self._publishers.append(publisher)  # closed by stop() even if the open below fails
         assert self._policy is not None
-        if self._policy.near_term_topic is not None:
-            publisher.open(self._policy.near_term_topic)
+        near = self._policy.near_term_topic
+        if near is not None:
+            if self.cfg.forward_positions_kept > 0:
+                prefix = f"{near}-partition-"
+                record = LandedForwards(self.cfg.forward_positions_kept, self.trail.retention_ms / 1000.0,
+                                        lambda dest: dest == near or dest.startswith(prefix))
+                self.landed[k] = record
+                publisher.track_landed(record.add)
+            publisher.open(near)
         return publisher
 
     def _subscribe_rotated(self) -> Dict[int, pulsar.Consumer]:
@@ -427,28 +448,71 @@ class DelayLevelSyncerService:
         """Record the near-term topic's end, THEN the claims: a forward not claimed at the
         checkpoint is published after the recorded position."""
         assert self._policy is not None and self._policy.near_term_topic is not None
-        end = last_position(self.client, self._policy.near_term_topic)
+        near = self._policy.near_term_topic
+        if self._near_partitions:
+            ends = {p: last_position(self.client, partition_name(near, p)) for p in range(self._near_partitions)}
+            claimed = {f.k: f.claimed for f in list(self.forwarders)}
+            self.trail.add(Checkpoint(self.clock(), None, claimed,
+                                      {p: (e.ledger_id, e.entry_id) if e else None for p, e in ends.items()}))
+            self.state.put(self._trail_key, self.trail.to_bytes())
+            return
+        end = last_position(self.client, near)
         claimed = {f.k: f.claimed for f in list(self.forwarders)}
         self.trail.add(Checkpoint(self.clock(), (end.ledger_id, end.entry_id) if end else None, claimed))
         self.state.put(self._trail_key, self.trail.to_bytes())
 
-    def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int) -> str:
+    def _cancel_forwarded(self, forwarder: PartitionForwarder, seq: int, ack: Callable[[], None]) -> str:
         """Follow a cancel whose parked message was already forwarded into the writer's index:
-        find the forward on the scheduling topic and send the writer's tombstone naming it."""
+        send the writer's tombstone naming the forward's position to the partition (or topic)
+        that holds it; `ack` runs once the tombstone is confirmed (or at once when there is
+        nothing to follow). The position comes from the landed record (confirmed sends), else
+        from reading the scheduling topic from a trail checkpoint."""
         near = self._policy.near_term_topic if self._policy else None
         if near is None or self._tombstones is None:
+            ack()
             return "too-late"  # broker deliver_at: Pulsar cannot cancel a delayed message
-        found, start = self.trail.scan_start(forwarder.k, seq)
-        if not found:
-            return "released"  # forwarded before the oldest checkpoint: released by now
-        deadline = time.monotonic() + FORWARD_DONE_WAIT_S
-        while forwarder.done < seq and time.monotonic() < deadline and not self.stop_event.is_set():
-            time.sleep(0.05)  # claimed but still being published
-        pos = find_forward(self.client, near, start, forwarder.publisher.producer_name, seq)
-        if pos is None:
-            return "not-forwarded"  # dropped by an earlier cancel, or dead-lettered
-        self._tombstones.cancel(pulsar.MessageId(pos.partition, pos.ledger_id, pos.entry_id, pos.batch_index))
-        log.info("event=delay_level_cancel_followed partition=%d seq=%d forward=%s", forwarder.k, seq, pos)
+        record = self.landed.get(forwarder.k)
+        hit = record.get(seq) if record is not None else None
+        if hit is None and forwarder.done < seq:
+            deadline = time.monotonic() + FORWARD_DONE_WAIT_S
+            while forwarder.done < seq and time.monotonic() < deadline and not self.stop_event.is_set():
+                time.sleep(0.005)  # claimed but still being published
+                hit = record.get(seq) if record is not None else None
+                if hit is not None:
+                    break
+        if hit is None:
+            found, cp = self.trail.scan_checkpoint(forwarder.k, seq)
+            if not found:
+                ack()
+                return "released"  # forwarded before the oldest checkpoint: released by now
+            name = forwarder.publisher.producer_name
+            if self._near_partitions:
+                for p in range(self._near_partitions):
+                    start = cp.positions.get(p) if cp is not None else None
+                    pos = find_forward(self.client, partition_name(near, p), start, name, seq)
+                    if pos is not None:
+                        hit = (partition_name(near, p), pos.ledger_id, pos.entry_id, pos.batch_index)
+                        break
+            else:
+                pos = find_forward(self.client, near, cp.position if cp is not None else None, name, seq)
+                if pos is not None:
+                    hit = (near, pos.ledger_id, pos.entry_id, pos.batch_index)
+            if hit is None:
+                ack()
+                return "not-forwarded"  # dropped by an earlier cancel, or dead-lettered
+            self.cancels_followed_read += 1
+        dest, ledger, entry, batch = hit
+        props = {CANCEL_PROP: MessageRef(ledger, entry, -1, batch).format_cancel()}
+
+        def sent(res: object, _mid: object) -> None:
+            if res == pulsar.Result.Ok:
+                ack()  # else unacked: the cancel is redelivered and followed again
+            else:
+                log.warning("event=delay_level_cancel_follow_failed partition=%d seq=%d dest=%s result=%s",
+                            forwarder.k, seq, dest, res)
+        self._tombstones.get(dest).send_async(b"", sent, properties=props)
+        log.info("event=delay_level_cancel_followed partition=%d seq=%d dest=%s forward=%d:%d:%d", forwarder.k, seq,
+                 dest, ledger, entry, batch)
         return "followed"
 
     # -- partition discovery -----------------------------------------------------------------
@@ -567,10 +631,9 @@ class DelayLevelSyncerService:
             return
         outcome = forwarder.cancel(seq, lambda: consumer.acknowledge(msg))
         if outcome == "too-late":
-            # Already forwarded: the tombstone goes to the writer (acked once it is sent; a
+            # Already forwarded: the tombstone goes to the writer (acked once it is confirmed; a
             # crash before that redelivers the cancel and the tombstone is sent again, harmlessly).
-            outcome = self._cancel_forwarded(forwarder, seq)
-            consumer.acknowledge(msg)
+            outcome = self._cancel_forwarded(forwarder, seq, lambda: consumer.acknowledge(msg))
         log.info("event=delay_level_cancel_received partition=%d target=%d:%d:%d outcome=%s", k, ledger, entry, batch, outcome)
         if outcome == "followed":
             self.cancels_followed += 1
@@ -584,6 +647,9 @@ class DelayLevelSyncerService:
             "pulsar_delay_level_dead_lettered_total": sum(f.stats.dead_lettered for f in self.forwarders),
             "pulsar_delay_level_cancelled_total": sum(f.stats.cancelled for f in self.forwarders),
             "pulsar_delay_level_cancels_followed_total": self.cancels_followed,
+            "pulsar_delay_level_cancels_followed_read_total": self.cancels_followed_read,
+            "pulsar_delay_level_forward_retries_total": sum(f.stats.forward_retries for f in self.forwarders),
+            "pulsar_delay_level_forward_refused_dead_lettered_total": sum(f.stats.forward_failed for f in self.forwarders),
             "pulsar_delay_level_duplicates_total": sum(f.stats.duplicates for f in self.forwarders),
             "pulsar_delay_level_partitions": len(self.forwarders),
             "pulsar_delay_level_near_term_backlog": self.gate.backlog,
@@ -593,6 +659,8 @@ class DelayLevelSyncerService:
         for f in self.forwarders:
             out[f'pulsar_delay_level_next_forward_time_ms{{partition="{f.k}"}}'] = f.stats.next_forward_at
             out[f'pulsar_delay_level_forward_lag_ms{{partition="{f.k}"}}'] = f.stats.forward_lag_ms
+            stuck = f.stats.stuck_since_ms
+            out[f'pulsar_delay_level_forward_stuck_ms{{partition="{f.k}"}}'] = self.clock() - stuck if stuck else 0
         return out
 
     def _metrics_loop(self) -> None:

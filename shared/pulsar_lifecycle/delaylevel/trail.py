@@ -30,6 +30,8 @@ class Checkpoint:
     taken_at_ms: int
     position: Optional[Tuple[int, int]]  # None: the topic was empty (scan from its start)
     claimed: Dict[int, int]  # partition -> highest sequence id claimed for forwarding (-1: none)
+    # A partitioned near-term topic: its partitions' last (ledger, entry) (`position` is None).
+    positions: Dict[int, Optional[Tuple[int, int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -64,15 +66,21 @@ class ForwardTrail:
         found False: every checkpoint already claimed it, so it was forwarded before the oldest
         one (released long ago, or before the trail existed). Otherwise the position of the
         latest checkpoint that had not claimed it (None = the topic's start)."""
+        found, cp = self.scan_checkpoint(partition, seq)
+        return found, cp.position if cp is not None else None
+
+    def scan_checkpoint(self, partition: int, seq: int) -> Tuple[bool, Optional[Checkpoint]]:
+        """`scan_start`'s checkpoint itself (None: the topic's start), for its `positions`."""
         for cp in reversed(self.checkpoints):
             if cp.claimed.get(partition, -1) < seq:
-                return True, cp.position
+                return True, cp
         return False, None
 
     def to_bytes(self) -> bytes:
         """JSON for the state store."""
         return json.dumps({"v": _VERSION, "checkpoints": [
             [cp.taken_at_ms, list(cp.position) if cp.position else None, {str(k): v for k, v in cp.claimed.items()}]
+            + ([{str(p): list(at) if at else None for p, at in cp.positions.items()}] if cp.positions else [])
             for cp in self.checkpoints]}, separators=(",", ":")).encode()
 
     @classmethod
@@ -82,8 +90,11 @@ class ForwardTrail:
             data = json.loads(raw)
             if data.get("v") != _VERSION:
                 raise TrailFormatError(f"forward trail version {data.get('v')!r}, expected {_VERSION}")
-            cps = [Checkpoint(int(t), (int(p[0]), int(p[1])) if p else None, {int(k): int(v) for k, v in c.items()})
-                   for t, p, c in data["checkpoints"]]
+            cps = [Checkpoint(int(row[0]), (int(row[1][0]), int(row[1][1])) if row[1] else None,
+                              {int(k): int(v) for k, v in row[2].items()},
+                              {int(p): (int(at[0]), int(at[1])) if at else None for p, at in row[3].items()}
+                              if len(row) > 3 else {})
+                   for row in data["checkpoints"]]
         except TrailFormatError:
             raise
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
