@@ -11,6 +11,12 @@ this module only compares them, with no Pulsar I/O, and reports one line per dea
   letters and refused messages, read with the operator tools);
 * a message delayed through a scheduling topic no writer of the set reads, or whose target is
   outside that writer's allowedTargetPrefix (the writer would refuse it to its -INVALID topic);
+* a message delayed through a scheduling topic its writer cannot take as sent: a partitioned
+  writer's topic (read as `<topic>-partition-<k>`) from a producer that cannot publish to a
+  partitioned topic; one partition by name that the writer does not read (beyond its
+  `schedulingTopicPartitions`, or of a topic the writer reads unpartitioned); a producer that
+  addresses partitions by name over another count than the writer reads;
+* one scheduling topic read by two writers of the set (each message would be released twice);
 * two configs with one function name (`tenant/namespace/name`);
 * a delay-level topic that producers park on (given by the caller) with no syncer of the set
   serving it; DelayLevelProducer's default is checked only in a set with a syncer (a set
@@ -20,7 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from ..topics import TopicName, TopicNameError, strip_partition
 
@@ -55,6 +61,11 @@ class Write:
     topic: str = ""
     kind: str = INTERNAL
     via: str = ""
+    #: The producer can publish to a partitioned `via` (routes each message to one partition:
+    #: DelayedProducer, the DedupPublisher); False: it refuses one at its first send.
+    partitioned_ok: bool = True
+    #: > 0: the producer addresses `via`'s partitions by name over this many partitions.
+    partitions: int = 0
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -67,6 +78,9 @@ class Scheduling:
 
     topic: str
     allowed_prefixes: Tuple[str, ...]
+    #: How many partitions of `topic` the writer reads by name (0: the topic itself); None: as
+    #: its `reads` say (`<topic>-partition-<k>`).
+    partitions: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -126,6 +140,48 @@ class _Readers:
         return self._by_topic.get(topic) or self._by_topic.get(strip_partition(topic)) or self._by_base.get(topic, [])
 
 
+def _partitions_read(f: FunctionTopology, sched: Scheduling) -> int:
+    """How many partitions of its scheduling topic a writer reads by name (0: the topic itself)."""
+    if sched.partitions is not None:
+        return sched.partitions
+    prefix = f"{sched.topic}-partition-"
+    found = {int(t[len(prefix):]) for t in f.reads if t.startswith(prefix) and t[len(prefix):].isdigit()}
+    return max(found) + 1 if found else 0
+
+
+def _partition_index(topic: str) -> int:
+    try:
+        return TopicName.parse(topic).partition_index
+    except (TopicNameError, ValueError):
+        return -1
+
+
+def _shape_problem(w: Write, sched_topic: str, writer: str, partitions: int) -> Optional[str]:
+    """Why writer `writer` (reading `sched_topic` over `partitions` partitions by name, 0: as one
+    topic) cannot take what `w` sends through `w.via`, or None."""
+    index = _partition_index(w.via) if w.via != sched_topic else -1
+    if index >= 0:  # one partition by name
+        if partitions == 0:
+            return (f"are delayed through {w.via}, one partition by name of {sched_topic}, which writer {writer} reads "
+                    "as one unpartitioned topic: they are never delivered (give the topic's own name)")
+        if index >= partitions:
+            return (f"are delayed through {w.via}, but writer {writer} reads partitions 0..{partitions - 1} of "
+                    f"{sched_topic} only (schedulingTopicPartitions {partitions}): they are never delivered")
+        return None
+    if partitions and not w.partitioned_ok:
+        return (f"are delayed through {w.via}, which writer {writer} reads as {partitions} partitions, but this "
+                "producer cannot publish to a partitioned topic: it refuses the topic at its first send")
+    if w.partitions and w.partitions != partitions:
+        if partitions == 0:
+            return (f"are delayed through {w.partitions} partitions of {w.via} by name, but writer {writer} reads "
+                    f"{w.via} as one unpartitioned topic: they are never delivered")
+        return (f"are delayed through {w.partitions} partitions of {w.via} by name, but writer {writer} reads "
+                f"{partitions} (schedulingTopicPartitions): "
+                + ("messages routed to the partitions beyond are never delivered" if w.partitions > partitions
+                   else "keys route to other partitions than the writer's other producers put them"))
+    return None
+
+
 def _topics_text(topics: Sequence[str]) -> str:
     shown = sorted(set(topics))
     return shown[0] + (f" (and {len(shown) - 1} more)" if len(shown) > 1 else "")
@@ -148,10 +204,18 @@ def system_problems(functions: Sequence[FunctionTopology], parked_on: Iterable[T
             problems.append(f"{', '.join(sources)}: duplicate function name {fqfn}: `functions create` of the "
                             "second fails (give each its own name, or keep the alternatives out of the set)")
     readers = _Readers(functions)
-    writers: Dict[str, List[Tuple[str, Tuple[str, ...]]]] = defaultdict(list)
+    writers: Dict[str, List[Tuple[str, Tuple[str, ...], int, str]]] = defaultdict(list)
     for f in functions:
         for sched in f.schedules:
-            writers[sched.topic].append((f.fqfn, sched.allowed_prefixes))
+            writers[sched.topic].append((f.fqfn, sched.allowed_prefixes, _partitions_read(f, sched), f.source))
+    for topic, served_by in writers.items():
+        distinct = {fqfn: source for fqfn, _p, _n, source in served_by}
+        if len(distinct) > 1:  # one name twice is reported as a duplicate name above
+            counts = sorted({n for _f, _p, n, _s in served_by})
+            shapes = " and ".join("unpartitioned" if n == 0 else f"{n} partitions" for n in counts)
+            problems.append(f"{', '.join(sorted(distinct.values()))}: scheduling topic {topic} is read by "
+                            f"{len(distinct)} writers ({', '.join(sorted(distinct))}; {shapes}): every message "
+                            "would be released by each (deploy one writer per scheduling topic)")
     # (source, fqfn, what, problem text) -> targets: one line per dead end, however many partitions
     grouped: Dict[Tuple[str, str, str, str], List[str]] = defaultdict(list)
     for f in functions:
@@ -162,7 +226,12 @@ def system_problems(functions: Sequence[FunctionTopology], parked_on: Iterable[T
                     grouped[(f.source, f.fqfn, w.what, f"are delayed through {w.via}, which no BucketSnapshotWriter "
                                                         "of the set reads: they are never delivered")].append(w.topic)
                     continue
-                for writer, prefixes in served:
+                for writer, _prefixes, partitions, _source in served:
+                    sched_topic = w.via if w.via in writers else strip_partition(w.via)
+                    shape = _shape_problem(w, sched_topic, writer, partitions)
+                    if shape:
+                        grouped[(f.source, f.fqfn, w.what, shape)].append(w.topic)
+                for writer, prefixes, _partitions, _source in served:
                     if w.topic and not any(w.topic.startswith(p) for p in prefixes):
                         grouped[(f.source, f.fqfn, w.what,
                                  f"are delayed through {w.via}, but writer {writer} refuses their target "
