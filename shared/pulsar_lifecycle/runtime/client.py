@@ -3,15 +3,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
 import pulsar
 
+from ..exceptions import PulsarLifecycleError
 from ..logging_setup import CLIENT_LOG_ENV, client_log_path, route_client_log
 
 __all__ = [
-    "CLIENT_LOG_ENV", "ClientSettings", "client_log_path", "make_client", "quiet_client", "receive_messages",
-    "route_client_log",
+    "CLIENT_LOG_ENV", "ClientSettings", "PermissionRefused", "client_log_path", "make_client", "quiet_client",
+    "receive_messages", "route_client_log",
 ]
 
 
@@ -42,15 +43,66 @@ def _pulsar_logger() -> object:
     return pulsar.FileLogger(pulsar.LoggerLevel.Warn, client_log_path())
 
 
-def make_client(settings: ClientSettings) -> pulsar.Client:
-    """A client with the runtime's settings (1 io thread, 1 listener thread, 30 s operations)."""
+class PermissionRefused(PulsarLifecycleError, pulsar.AuthorizationError):
+    """The broker refused the client's role an action on a topic (its AuthorizationError, with
+    the role, the action and the topic named). Still a pulsar.AuthorizationError for code that
+    handles the client's own errors."""
+
+
+class _NamingClient(pulsar.Client):
+    """A pulsar.Client whose AuthorizationError names the role, the action and the topic."""
+
+    def __init__(self, service_url: str, role: str, **kwargs: Any) -> None:
+        super().__init__(service_url, **kwargs)
+        self._role_text = role
+        self._service_url_text = service_url
+
+    def _refused(self, exc: Exception, action: str, topic: Any) -> PermissionRefused:
+        return PermissionRefused(f"the broker at {self._service_url_text} refused {self._role_text} permission to "
+                                 f"{action} {topic} ({exc}): grant it with pulsar-admin topics grant-permission "
+                                 "(or namespaces grant-permission), or use a role that has it")
+
+    def create_producer(self, topic: str, *args: Any, **kwargs: Any) -> pulsar.Producer:
+        try:
+            return super().create_producer(topic, *args, **kwargs)
+        except pulsar.AuthorizationError as exc:
+            raise self._refused(exc, "produce to", topic) from exc
+
+    def subscribe(self, topic: Any, *args: Any, **kwargs: Any) -> pulsar.Consumer:
+        try:
+            return super().subscribe(topic, *args, **kwargs)
+        except pulsar.AuthorizationError as exc:
+            raise self._refused(exc, "consume from", topic) from exc
+
+    def create_reader(self, topic: str, *args: Any, **kwargs: Any) -> pulsar.Reader:
+        try:
+            return super().create_reader(topic, *args, **kwargs)
+        except pulsar.AuthorizationError as exc:
+            raise self._refused(exc, "read", topic) from exc
+
+    def get_topic_partitions(self, topic: str) -> List[str]:
+        try:
+            return super().get_topic_partitions(topic)
+        except pulsar.AuthorizationError as exc:
+            raise self._refused(exc, "look up", topic) from exc
+
+
+def make_client(settings: ClientSettings, operation_timeout_s: int = 30, role: Optional[str] = None) -> pulsar.Client:
+    """A client with the runtime's settings (1 io thread, 1 listener thread, 30 s operations).
+
+    `role` given (a command's client, runtime/connect.py): a broker's AuthorizationError comes
+    out as PermissionRefused naming `role`, the action and the topic."""
     auth = None
     if settings.auth_plugin:
         auth = pulsar.Authentication(settings.auth_plugin, settings.auth_params or "")
-    return pulsar.Client(
+    kwargs: Any = {}
+    cls: Any = pulsar.Client
+    if role is not None:
+        cls, kwargs = _NamingClient, {"role": role}
+    return cls(
         settings.service_url,
         authentication=auth,
-        operation_timeout_seconds=30,
+        operation_timeout_seconds=operation_timeout_s,
         io_threads=1,
         message_listener_threads=1,
         concurrent_lookup_requests=50000,
@@ -59,6 +111,7 @@ def make_client(settings: ClientSettings) -> pulsar.Client:
         tls_allow_insecure_connection=settings.tls_allow_insecure,
         tls_validate_hostname=settings.hostname_verification_enabled,
         logger=_pulsar_logger(),
+        **kwargs,
     )
 
 
