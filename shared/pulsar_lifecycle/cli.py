@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import click
 
 from .cli_args import connect_timeout_option
+from .client_options import client_options, conf_default
 from .config.settings import ConfigError, user_config_from_json
 from .local_paths import absolute_path
 from .logging_setup import ClientLogRotation, default_client_log, route_client_log, setup_logging
@@ -278,13 +279,15 @@ def package(project_dir: str, out_dir: str, stem: str, python_version: Optional[
 
 
 @main.command("send-ticks")
-@click.option("--service-url", required=True, help="pulsar:// URL of the cluster.")
+@click.option("--service-url", required=True, default=conf_default("brokerServiceUrl"),
+              help="pulsar:// or pulsar+ssl:// URL of the cluster [default: brokerServiceUrl of the client.conf].")
 @click.option("--tick-topic", required=True, help="The writer's userConfig tickTopic.")
 @click.option("--count", type=click.IntRange(min=1), default=None,
               help="Ticks to send [default: 2 x --instances]: extras are acked by the instances.")
 @click.option("--instances", type=click.IntRange(min=1), default=1, show_default=True,
               help="The writer's parallelism.")
 @connect_timeout_option
+@client_options
 def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instances: int,
                connect_timeout: Optional[float]) -> None:
     """Start a deployed writer whose only input is its tick topic (a partitioned writer).
@@ -296,11 +299,12 @@ def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instance
     --tick-topic persistent://public/default/delayed-ticks --instances 4
     """
     from .cli_args import check_topic
+    from .client_options import client_settings
     from .runtime.connect import open_client
     from .scheduler.wake import send_start_ticks
 
     check_topic("--tick-topic", tick_topic)  # before connecting: a typo fails at once
-    client = open_client(service_url, connect_timeout)
+    client = open_client(client_settings(service_url), connect_timeout)
     try:
         sent = send_start_ticks(client, tick_topic, count or 2 * instances)
     finally:

@@ -16,6 +16,7 @@ from typing import Any, Dict, List, Optional
 import click
 
 from ..cli_args import connect_timeout_option
+from ..client_options import client_options, conf_default
 from ..config.settings import defaults_of
 from ..up_manifest import running_function
 from .config import DeletionConfig
@@ -137,9 +138,10 @@ def _client(url: str, connect_timeout_s: Optional[float] = None) -> Any:
     Raises BrokerError naming the URL and the time waited instead of letting every producer
     time out on its own.
     """
+    from ..client_options import client_settings
     from ..runtime.connect import open_client
 
-    return open_client(url, connect_timeout_s)
+    return open_client(client_settings(url), connect_timeout_s)
 
 
 def _check_connection_options(opts: Dict[str, Any]) -> DeletionTopics:
@@ -202,7 +204,9 @@ def close_service(service: Any, client: Any) -> None:
 
 def deletion_topic_options(f: Any, service_url_required: bool = True) -> Any:
     """The deletion-topic options (shared with `spark orphans --enqueue`)."""
-    f = click.option("--service-url", required=service_url_required, help="pulsar:// URL of the broker.")(f)
+    f = click.option("--service-url", required=service_url_required, default=conf_default("brokerServiceUrl"),
+                     help="pulsar:// or pulsar+ssl:// URL of the broker [default: brokerServiceUrl of the client.conf].")(f)
+    f = client_options(f)
     f = click.option("--namespace", default=_WORKER["deletionNamespace"], show_default=True, help="deletionNamespace.")(f)
     f = click.option("--topic-name", default=_WORKER["deletionTopicName"], show_default=True, help="deletionTopicName.")(f)
     f = click.option("--parallelism", type=int, default=_WORKER["ledgerDeletionParallelism"], show_default=True,

@@ -31,6 +31,7 @@ from ..cli_args import (
     parse_duration_ms,
     parse_time_ms,
 )
+from ..client_options import client_options, client_settings, conf_default
 from ..clock import wall_clock_ms
 from ..scheduling_protocol import MessageRef, ProtocolError
 from ..topics import partition_name, strip_partition
@@ -196,7 +197,10 @@ def _writer_options(f: Any) -> Any:
     f = click.option("--writer-config", default=None,
                      help=f"The BucketSnapshotWriter's config YAML [default: {DEFAULT_WRITER_CONFIG} when present]: "
                           "its scheduling topic, maxDelaySeconds and allowedTargetPrefix.")(f)
-    f = click.option("--service-url", required=True, help="pulsar:// URL of the broker the writer runs on.")(f)
+    f = click.option("--service-url", required=True, default=conf_default("brokerServiceUrl"),
+                     help="pulsar:// or pulsar+ssl:// URL of the broker the writer runs on "
+                          "[default: brokerServiceUrl of the client.conf].")(f)
+    f = client_options(f)
     return f
 
 
@@ -258,7 +262,7 @@ def send(topic: str, payload: Optional[str], payload_file: Optional[str], at: Op
         raise click.BadParameter(f"the syncer forwards to {parking.scheduling_topic}, the writer reads "
                                  f"{terms.scheduling_topic}: give the configs of one system (or --syncer-config none "
                                  "to send straight to the writer)", param_hint="--syncer-config")
-    client = open_client(service_url, connect_timeout)
+    client = open_client(client_settings(service_url), connect_timeout)
     producer = DelayedProducer(client, backend="scheduler", scheduling_topic=terms.scheduling_topic,
                                scheduling_partitions=terms.partitions)
     where = terms.scheduling_topic
@@ -336,7 +340,7 @@ def cancel(message_id: str, timeout: float, no_wait: bool, syncer_config: Option
                                  f"@<partition> 0..{terms.partitions - 1}", param_hint="ID")
     topic = partition_name(terms.scheduling_topic, partition) if partition >= 0 else terms.scheduling_topic
     reply_topic = cancel_reply_topic(TopicName.from_client(topic).full_name)
-    client = open_client(service_url, connect_timeout)
+    client = open_client(client_settings(service_url), connect_timeout)
     reader = None
     producer = DelayedProducer(client, backend="scheduler", scheduling_topic=topic)
     try:
@@ -376,7 +380,7 @@ def _cancel_parked(message_id: str, parked: Tuple[MessageRef, int], syncer_confi
         raise click.BadParameter(f"{message_id}: the syncer has {syncer.strategy.partitions} delay-level partitions, "
                                  f"not {level + 1}", param_hint="ID")
     topic = cancel_topic(syncer.delay_level_topic)
-    client = open_client(service_url, connect_timeout)
+    client = open_client(client_settings(service_url), connect_timeout)
     try:
         producer = client.create_producer(topic, batching_enabled=False)
         producer.send(b"", properties={CANCEL_PROP: ref.format_cancel(), CANCEL_PARTITION_PROP: str(level)})

@@ -13,6 +13,7 @@ import click
 from rich.console import Console
 
 from ..cli_args import check_http_url, check_service_url, connect_timeout_option
+from ..client_options import client_options, client_settings, conf_default
 from ..clock import wall_clock_ms
 from ..local_paths import absolute_path
 
@@ -61,7 +62,10 @@ def _connection_options(f: Any) -> Any:
     f = connect_timeout_option(f)
     f = click.option("--admin-url", default=None,
                      help="Admin REST URL (real Pulsar): counts from subscription backlogs.")(f)
-    f = click.option("--service-url", required=True, help="pulsar:// URL of the broker the function runs on.")(f)
+    f = click.option("--service-url", required=True, default=conf_default("brokerServiceUrl"),
+                     help="pulsar:// or pulsar+ssl:// URL of the broker the function runs on "
+                          "[default: brokerServiceUrl of the client.conf].")(f)
+    f = client_options(f)
     f = click.option("--limit", type=click.IntRange(min=1), default=100_000, show_default=True,
                      help="Most messages a Reader counts per topic.")(f)
     return f
@@ -126,7 +130,7 @@ def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[s
     _check_state_url(state_url)
     state = open_state_reader(spec, Path(data_dir), state_url)
     try:
-        client = open_client(service_url, connect_timeout)
+        client = open_client(client_settings(service_url), connect_timeout)
         try:
             # exact: every partition asked for its end (the status view's look skips empty ones)
             report = inspect_syncer(spec, client, state, admin_url=admin, count_limit=limit, empty_wait_s=None)
@@ -158,7 +162,7 @@ def inspect_deletion_cmd(config_file: str, service_url: str, admin_url: Optional
     deletion_topics(spec, tenant)
     check_service_url("--service-url", service_url)
     admin = check_http_url("--admin-url", admin_url)
-    client = open_client(service_url, connect_timeout)
+    client = open_client(client_settings(service_url), connect_timeout)
     try:
         report = inspect_deletion(spec, client, tenant=tenant, admin_url=admin, count_limit=limit)
     finally:

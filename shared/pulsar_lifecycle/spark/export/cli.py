@@ -7,6 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
+from ...client_options import client_options
 from ...local_paths import absolute_path
 from ..errors import SparkJobError
 
@@ -14,7 +15,9 @@ from ..errors import SparkJobError
 @click.command("export-backlog")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), callback=absolute_path,
               help="Directory of the Parquet files.")
-@click.option("--service-url", default=None, help="pulsar:// URL of the broker (draining a subscription).")
+@click.option("--service-url", default=None,
+              help="pulsar:// or pulsar+ssl:// URL of the broker (draining a subscription) "
+                   "[default: brokerServiceUrl of the client.conf].")
 @click.option("--topic", "topics", multiple=True,
               help="Scheduling topic (repeat for each partition `<topic>-partition-<k>` where needed).")
 @click.option("--subscription", default=None,
@@ -31,6 +34,7 @@ from ..errors import SparkJobError
 @click.option("--wake-topic", default=None, metavar="TOPIC",
               help="The writer's tickTopic: after draining, leave one tick there so that the writer's next "
                    "start runs at once and releases what is seeded, even with no new scheduling message.")
+@client_options
 def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, ...], subscription: Optional[str],
                    store: Optional[str], jobs_file: Optional[str], dataset_id: int, batch_rows: int, idle_ms: int,
                    max_messages: Optional[int], wake_topic: Optional[str]) -> None:
@@ -59,12 +63,15 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
                 raise click.UsageError("--from-jobs takes no --service-url/--topic")
             report = import_jobs(Path(jobs_file), dataset_id, Path(out_dir), batch_rows=batch_rows)
         else:
-            if not (service_url and topics and subscription):
+            if not (topics and subscription):
                 raise click.UsageError("draining needs --service-url, --topic and --subscription (or use --from-jobs)")
+            from ...client_options import client_settings
             from ...runtime.connect import open_client
 
+            settings = client_settings(service_url)  # no URL here nor in a client.conf: one line
+
             with exclusive(store) if store else contextlib.nullcontext():
-                client = open_client(service_url, None)  # a refused or silent broker: one line, not 30 s of retries
+                client = open_client(settings, None)  # a refused or silent broker: one line, not 30 s of retries
                 try:
                     report = run_export(client, list(topics), subscription, Path(out_dir), batch_rows=batch_rows,
                                         idle_ms=idle_ms, max_messages=max_messages)
