@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv and installs pulsar-lifecycle with everything it needs (idempotent).
-# Usage: scripts/setup.sh [extra]   (extra: local = embedded broker, test = test suite)
+# Usage: scripts/setup.sh [extra]   (extra: local = embedded broker, test = test suite, spark = the
+# offline pipeline; several with commas: local,spark)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extra="${1:-local}"
@@ -10,7 +11,9 @@ if ! command -v python3 >/dev/null || ! python3 -c 'import venv, ensurepip' 2>/d
 fi
 # The Spark commands (extras spark/test) and real Apache Pulsar need Java 17+; install a headless JRE
 # when it is missing or older.
-if [ "$extra" = "test" ] || [ "$extra" = "spark" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
+needs_java=0
+case ",$extra," in *,test,*|*,spark,*) needs_java=1 ;; esac
+if [ "$needs_java" = "1" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
   java_major=$(java -version 2>&1 | sed -n 's/.*version "\([0-9]*\)\.\{0,1\}\([0-9]*\).*/\1 \2/p' | head -1 \
                | awk '{ print ($1 == 1) ? $2 : $1 }' || true)
   if [ -z "${java_major:-}" ] || [ "$java_major" -lt 17 ]; then

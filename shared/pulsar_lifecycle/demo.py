@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -22,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 import click
 import pulsar
+import yaml
 from rich.console import Console
 from rich.table import Table
 
@@ -270,6 +273,93 @@ def scene_delay_level(broker: DemoBroker, data_dir: Path, configs: Path) -> Scen
                        ["message", "path", "deliver at", "forwarded at", "released at", "lateness"], rows, ok, note)
 
 
+SPARK_JOBS = 120  # delayed messages the offline scene exports, seeds, verifies and releases
+
+
+def _cli(*args: str, cwd: Path) -> "subprocess.CompletedProcess[str]":
+    """One `pulsar-lifecycle` command in a child process (each Spark command starts its own JVM)."""
+    return subprocess.run([sys.executable, "-m", "pulsar_lifecycle.cli", "--log-level", "ERROR", *args], cwd=cwd,
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=600)
+
+
+def _last_line(res: "subprocess.CompletedProcess[str]") -> str:
+    lines = [ln for ln in (res.stdout + res.stderr).splitlines() if ln.strip() and "stage(s) active" not in ln]
+    return lines[-1][:160] if lines else f"exit {res.returncode}"
+
+
+def scene_spark(broker: DemoBroker, data_dir: Path, configs: Path) -> SceneResult:
+    """The offline pipeline: delayed messages wait on the scheduling topic of a writer that is not
+    deployed yet; export-backlog drains them to Parquet, `spark seed` builds the writer's bucket
+    snapshots with PySpark, `spark verify` checks them (and draws buckets.png), and the writer
+    started on the seeded store releases them on time without replaying the backlog."""
+    work = data_dir / "spark-scene"
+    work.mkdir(parents=True, exist_ok=True)
+    ns = "persistent://public/default"
+    cfg = load_function_config(configs / "bucket-snapshot-writer.yaml")
+    ticks, sched, out = f"{ns}/spark-demo-ticks", f"{ns}/spark-demo-scheduling", f"{ns}/spark-demo-released"
+    specs = list(cfg["inputSpecs"].values())
+    cfg.update(name="spark-demo-writer", output=out, inputSpecs={ticks: specs[0], sched: specs[1]})
+    cfg["userConfig"] = dict(cfg["userConfig"], tickTopic=ticks, schedulingTopic=sched, snapshotDir=str(work / "store"),
+                             delayedDeliveryMinIndexCountPerBucket=40)
+    config = work / "writer.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    fqfn = f"{cfg['tenant']}/{cfg['namespace']}/{cfg['name']}"
+    client = quiet_client(broker.service_url)
+    producer = DelayedProducer(client, scheduling_topic=sched)
+    start = now_ms()
+    # Due 60-120 s from now: most after the export, the seed and the verify, so the releases show
+    # the seeded writer keeping time; any due before it started are released at its start.
+    due = {f"job-{i}": start + 60_000 + (i * 60_000) // SPARK_JOBS for i in range(SPARK_JOBS)}
+    try:
+        for name, at in due.items():
+            producer.send_async(out, name.encode(), at, lambda res, mid: None)
+        producer.flush()
+    finally:
+        producer.close()
+        client.close()
+    steps = [
+        ("export-backlog", ["export-backlog", "--service-url", broker.service_url, "--topic", sched, "--subscription",
+                            fqfn, "--store", "store", "--wake-topic", ticks, "--out", "backlog/", "--idle-ms", "1500"]),
+        ("spark seed", ["spark", "seed", "backlog/", "--store", "store", "--function-config-file", str(config),
+                        "--master", "local[2]"]),
+        ("spark verify", ["spark", "verify", "--store", "store", "--against", "backlog/", "--function-config-file",
+                          str(config), "--out", "verify-report/", "--master", "local[2]"]),
+    ]
+    rows: List[List[str]] = []
+    ok = True
+    for label, args in steps:
+        t0 = time.monotonic()
+        res = _cli(*args, cwd=work)
+        rows.append([label, f"{time.monotonic() - t0:.1f} s", _last_line(res)])
+        if res.returncode != 0:
+            return SceneResult("offline pipeline (PySpark)", ["step", "took", "said"], rows, False,
+                               f"{label} failed: {(res.stdout + res.stderr)[-1500:]}")
+        ok = ok and (label != "spark verify" or "OK: no violations" in res.stdout)
+    picture = work / "verify-report" / "buckets.png"
+    store = DirectorySnapshotStorage(work / "store")
+    seeded = len(store.list_snapshots())
+    writer = start_function(config, broker, data_dir)
+    client = quiet_client(broker.service_url)
+    writer_start = now_ms()
+    try:
+        got = receive_n(client, out, SPARK_JOBS, timeout=max(0, max(due.values()) - now_ms()) / 1000 + 30)
+    finally:
+        client.close()
+        writer.stop()
+    lateness = [int(m.properties()[RELEASED_AT_PROP]) - due[m.data().decode()] for m in got]
+    names = [m.data().decode() for m in got]
+    ok = ok and len(got) == SPARK_JOBS and len(set(names)) == SPARK_JOBS and min(lateness, default=-1) >= 0
+    on_time = sorted(late for m, late in zip(got, lateness) if due[m.data().decode()] > writer_start + 5000)
+    rows.append(["writer on the seeded store", f"started +{(writer_start - start) / 1000:.0f} s",
+                 f"released {len(got)}/{SPARK_JOBS} once (due +60..+120 s), none early; "
+                 + (f"the {len(on_time)} due after its start: lateness median {on_time[len(on_time) // 2]} ms, "
+                    f"max {on_time[-1]} ms" if on_time else "all were due before it started")])
+    note = (f"{seeded} bucket snapshot(s) seeded; verify report: {work / 'verify-report' / 'summary.txt'}; "
+            f"the picture: {picture}" + ("" if picture.is_file() else " (not written)"))
+    return SceneResult("offline pipeline: export-backlog -> spark seed -> spark verify -> writer",
+                       ["step", "took", "said"], rows, ok and picture.is_file(), note)
+
+
 def _snapshot_count(store: Any) -> int:
     return len(store.list_snapshots())
 
@@ -346,11 +436,13 @@ class StopSignals:
             self._raise(self.received[0])
 
 
-def run_scenes(broker: DemoBroker, data_dir: Path, console: Console, stop: Optional[StopSignals] = None) -> bool:
-    """Run every scene on `broker`; print a table per scene; True if all passed."""
+def run_scenes(broker: DemoBroker, data_dir: Path, console: Console, stop: Optional[StopSignals] = None,
+               spark: bool = False) -> bool:
+    """Run every scene on `broker` (with `spark`, the offline pipeline's too); print a table per
+    scene; True if all passed."""
     configs = find_config_dir()
     ok = True
-    for scene in SCENES:
+    for scene in SCENES + ([scene_spark] if spark else []):
         if stop is not None:
             stop.check()
         with console.status(f"running {scene.__name__} ..."):
@@ -367,7 +459,8 @@ def run_scenes(broker: DemoBroker, data_dir: Path, console: Console, stop: Optio
     return ok
 
 
-def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None, pulsar: bool = False) -> bool:
+def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None, pulsar: bool = False,
+             spark: bool = False) -> bool:
     """Run every scene on one embedded broker, or with `pulsar` on a real Apache Pulsar standalone.
 
     The broker is stopped however the run ends (a failed scene, Ctrl-C, SIGTERM): the standalone's
@@ -385,7 +478,7 @@ def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None,
                 standalone = start_pulsar(data_dir / "pulsar", console)
                 pid = standalone.pid
                 try:
-                    ok = run_scenes(standalone, data_dir, console, stop)
+                    ok = run_scenes(standalone, data_dir, console, stop, spark)
                     console.print(f"Apache Pulsar RSS after the scenes: {standalone.rss_bytes() / _MIB:.0f} MiB")
                 finally:
                     with console.status("stopping Apache Pulsar ..."):
@@ -395,7 +488,7 @@ def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None,
                 with EmbeddedBroker(data_dir=data_dir / "broker") as broker:
                     console.print(f"[bold]embedded broker[/bold] {broker.service_url} (data in {data_dir})",
                                   soft_wrap=True)
-                    ok = run_scenes(broker, data_dir, console, stop)
+                    ok = run_scenes(broker, data_dir, console, stop, spark)
             stop.check()
     finally:
         if tmp is not None:
@@ -410,10 +503,13 @@ def run_demo(data_dir: Optional[Path] = None, console: Optional[Console] = None,
 @click.option("--pulsar", "real_pulsar", is_flag=True, default=False,
               help="Run on a real Apache Pulsar standalone on 127.0.0.1 (Java 17+; the first run resolves "
                    "the release with Maven from Maven Central into ~/.cache/pulsar-lifecycle).")
-def demo(data_dir: Optional[str], real_pulsar: bool) -> None:
+@click.option("--spark", "spark", is_flag=True, default=False,
+              help="Also show the offline pipeline: export a backlog, seed a fresh writer's snapshots with PySpark, "
+                   "verify them (buckets.png) and release from the seeded store (extra `spark`, Java 17+).")
+def demo(data_dir: Optional[str], real_pulsar: bool, spark: bool) -> None:
     """Run the whole system on the embedded broker (or real Pulsar) and show what every function does."""
     # pulsar-client logs an ERROR for every empty topic the dedup recovery probes; expected here.
     if logging.getLogger().level > logging.DEBUG:
         logging.getLogger("pulsar.client").setLevel(logging.CRITICAL)
-    if not run_demo(Path(data_dir) if data_dir else None, pulsar=real_pulsar):
+    if not run_demo(Path(data_dir) if data_dir else None, pulsar=real_pulsar, spark=spark):
         raise SystemExit(1)

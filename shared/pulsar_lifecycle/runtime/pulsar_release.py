@@ -120,7 +120,7 @@ _CLIENT_TOOLS_POM = """<project xmlns="http://maven.apache.org/POM/4.0.0">
   </dependencyManagement>
   <dependencies>
     <dependency><groupId>org.apache.pulsar</groupId><artifactId>pulsar-client-tools</artifactId><version>{version}</version></dependency>
-    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
+{extra}    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-core</artifactId><version>{log4j}</version></dependency>
     <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-slf4j2-impl</artifactId><version>{log4j}</version></dependency>
   </dependencies>
 </project>
@@ -171,8 +171,28 @@ def resolve_client_tools(progress: bool = True) -> PulsarRelease:
     `functions create --function-config-file` with a NoSuchMethodError."""
     version = CLIENT_TOOLS_VERSION
     return _resolve_set(f"pulsar-client-tools-{version}",
-                        _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION),
+                        _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION, extra=""),
                         f"pulsar-client-tools {version}", version, "about 100 MB", progress)
+
+
+LOCAL_RUNNER_DEPENDENCY = ("    <dependency><groupId>org.apache.pulsar</groupId>"
+                           "<artifactId>pulsar-functions-local-runner-original</artifactId>"
+                           "<version>{version}</version><exclusions><exclusion><groupId>org.apache.pulsar</groupId>"
+                           "<artifactId>jetcd-core-shaded</artifactId></exclusion></exclusions></dependency>\n")
+# jetcd-core-shaded (the etcd metadata store's client) is not on Maven Central as a jar, and a
+# local runner talking to a broker does not use it.
+
+
+def resolve_local_runner(progress: bool = True) -> PulsarRelease:
+    """`pulsar-admin functions localrun`'s classpath: pulsar-client-tools and Pulsar's LocalRunner
+    (`pulsar-functions-local-runner-original`), both CLIENT_TOOLS_VERSION, a third artifact set in
+    the cache (about 60 MB more than the client tools): run `PulsarAdminTool functions localrun`
+    from it."""
+    version = CLIENT_TOOLS_VERSION
+    pom = _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION,
+                                   extra=LOCAL_RUNNER_DEPENDENCY.format(version=version))
+    return _resolve_set(f"pulsar-localrun-{version}", pom, f"pulsar-admin functions localrun {version}", version,
+                        "about 160 MB", progress)
 
 
 def _resolve_set(folder: str, pom: str, what: str, version: str, size: str, progress: bool) -> PulsarRelease:
@@ -222,8 +242,11 @@ if __name__ == "__main__":  # scripts/setup.sh: resolve ahead of the first test 
     try:
         release = resolve()
         tools = resolve_client_tools() if "--client-tools" in sys.argv[1:] else None
+        localrun = resolve_local_runner() if "--client-tools" in sys.argv[1:] else None
     except PulsarSetupError as exc:
         sys.exit(f"Error: {exc}")
     print(f"Apache Pulsar {release.version}: {len(release.classpath)} jars in {release.home}")
     if tools is not None:
         print(f"pulsar-client-tools {tools.version}: {len(tools.classpath)} jars in {tools.home}")
+    if localrun is not None:
+        print(f"pulsar-admin functions localrun {localrun.version}: {len(localrun.classpath)} jars in {localrun.home}")
