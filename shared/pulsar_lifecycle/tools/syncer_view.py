@@ -18,6 +18,7 @@ Nothing is acknowledged or written: Readers and the publisher recovery's end pro
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -25,12 +26,14 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pulsar
 
+from ..cli_args import format_ms
 from ..dedup.publisher import normalize_topic, snapshot_key
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, read_tail
 from ..dedup.sequence_map import DedupSnapshot, Position, SnapshotFormatError
 from ..delaylevel.admin import AdminView
 from ..delaylevel.config import SyncerConfig, parse_syncer_config
 from ..delaylevel.errors import ParkedMessageError
+from ..delaylevel.forwarder import PROBLEM_KEY_PREFIX
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
 from ..readers import has_more, holding_messages, reader_at
@@ -157,6 +160,19 @@ def _read_partition(client: pulsar.Client, topic: str, k: int, after: Optional[T
     return count, count >= count_limit, head
 
 
+def _forward_problem(store: Optional[StateStore], k: int) -> str:
+    """The syncer's note of a forward of partition k its target refuses (forwarder.py), or ""."""
+    raw = store.get(f"{PROBLEM_KEY_PREFIX}/{k}") if store is not None else None
+    if not raw:
+        return ""
+    try:
+        p = json.loads(raw)
+        return (f"forward to {p['target']} refused since {format_ms(int(p['since_ms']))}: {p['reason']} "
+                f"(retried {p['retry_s']:g} s, then dead-lettered to {p['dead_letter_topic']})")
+    except (ValueError, KeyError, TypeError) as exc:
+        return f"forward refused (unreadable note: {exc})"
+
+
 def syncer_config(spec: Any) -> SyncerConfig:
     """The syncer's settings; InspectError when `spec` is not a DelayLevelSyncer config.
     Checked before anything connects."""
@@ -226,6 +242,9 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
                     nxt = forward_at(parked_msg.base, k, unit_ms, parked_msg.deliver_at, cfg.lookahead_millis)
                 except ParkedMessageError as exc:
                     problem = f"the next parked message is malformed: {exc}"
+            stuck = _forward_problem(store, k)
+            if stuck:
+                problem = f"{stuck}; {problem}" if problem else stuck
             report.partitions.append(PartitionView(
                 k, topic, parked, source, truncated,
                 ":".join(str(x) for x in after) if after is not None else None, nxt, deliver, problem))
