@@ -64,8 +64,9 @@ PROBLEM_KEY_PREFIX = "delay-level/forward-problem"  # /<k>: a forward being retr
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0  # backoff between attempts at a forward the target refused
 # What a refusing target raises: a send that failed (PublishError), a producer or lookup the broker
 # refused (pulsar exceptions: authorization, schema, topic or namespace not found), a recovery that
-# could not read the target. Not a timeout: that is no answer (a broker outage), so the forwarder
-# fails and is rebuilt as before, and nothing is dead-lettered for it.
+# could not read the target (a lookup or producer that times out, pulsar.Timeout, counts too). Not a
+# confirmation that times out (TimeoutError from wait_persisted): that is no answer (a broker
+# outage), so the forwarder fails and is rebuilt as before, and nothing is dead-lettered for it.
 FORWARD_REFUSALS = (DedupError, pulsar.PulsarException)
 
 
