@@ -61,6 +61,11 @@ GAP_LOG_EVERY_S = 30.0
 GAP_READ_AFTER_S = 0.2
 HANDLED_KEY_PREFIX = "delay-level/handled"  # /<producer name>: highest position handled without a forward
 PROBLEM_KEY_PREFIX = "delay-level/forward-problem"  # /<k>: a forward being retried (JSON), "" once it is not
+# /<producer name>: the dead-letter decision of a refused run (JSON {"why": ..., "seqs": [...]}),
+# written before its dead letters are published and cleared once the handled position passes it:
+# a message redelivered after a crash between its dead letter and its ack goes to the dead-letter
+# topic again (dropped there as a duplicate), never to its target, even if the target accepts by then.
+DEAD_LETTER_KEY_PREFIX = "delay-level/dead-letter-decision"
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0  # backoff between attempts at a forward the target refused
 # What a refusing target raises: a send that failed (PublishError), a producer or lookup the broker
 # refused (pulsar exceptions: authorization, schema, topic or namespace not found), a recovery that
@@ -215,6 +220,8 @@ class PartitionForwarder:
         self._known_persisted: Dict[str, int] = {}  # a discarded channel's last watermark
         self._done = self._claimed  # highest sequence id whose batch is published (or dropped) and acked
         self._recorded = self._claimed  # the handled position last written to the state store
+        self._decision_key = f"{DEAD_LETTER_KEY_PREFIX}/{publisher.producer_name}"
+        self._decided: Dict[int, str] = self._load_decision()  # seq -> reason of a dead-letter decision
         queue = receiver_queue_size or policy.receiver_queue_size or 200
         # Strict position order (order.py); `probe` (a Reader) resolves a gap the ids cannot.
         # Without a probe (tests of other parts), messages are taken in the order they come.
@@ -782,14 +789,11 @@ class PartitionForwarder:
                 outcomes.append(Outcome.DUPLICATE)  # it reached the target before the refusals
                 kinds.append("forward")
                 continue
-            props = {k: v for k, v in (out.properties or {}).items() if k not in ("__pl_producer__", "__pl_seq__")}
-            props.update(h.dropped_props or {})
-            if h.parked is not None:
-                props[TARGET_PROP] = h.parked.target
-            props[ERROR_PROP] = why
-            letters.append(OutMessage(out.payload, out.sequence_id, props, out.partition_key, out.event_timestamp))
+            letters.append(self._letter(h, out, why))
             kinds.append("dead-letter")
         if letters:
+            # Durable before the first letter is sent (a failed write raises: nothing is sent).
+            self._record_decision({m.sequence_id: why for m in letters})
             outcomes += self.publisher.publish_many(self.policy.dead_letter_topic, letters)
             self.publisher.wait_persisted(self.policy.dead_letter_topic, max(m.sequence_id for m in letters),
                                           timeout_s=FLUSH_TIMEOUT_S)
@@ -799,6 +803,42 @@ class PartitionForwarder:
         log.error("event=delay_level_forward_dead_lettered partition=%s target=%s messages=%d dead_letter_topic=%s "
                   "reason=%r", self.topic, topic, len(letters), self.policy.dead_letter_topic, why)
         return outcomes, kinds
+
+    def _letter(self, held: _Held, out: OutMessage, why: str) -> OutMessage:
+        """The dead letter of `held` (whose forward is `out`): its payload, key, event time and
+        original properties (the target, the strategy's), with the reason."""
+        props = {k: v for k, v in (out.properties or {}).items() if k not in ("__pl_producer__", "__pl_seq__")}
+        props.update(held.dropped_props or {})
+        if held.parked is not None:
+            props[TARGET_PROP] = held.parked.target
+        props[ERROR_PROP] = why
+        return OutMessage(out.payload, out.sequence_id, props, out.partition_key, out.event_timestamp)
+
+    def _load_decision(self) -> Dict[int, str]:
+        """The stored dead-letter decision not yet passed by the handled position ({} if none)."""
+        raw = self.publisher.state_store.get(self._decision_key)
+        if not raw:
+            return {}
+        try:
+            data = json.loads(raw)
+            decided = {int(s): str(data["why"]) for s in data["seqs"]}
+        except (ValueError, TypeError, KeyError) as exc:
+            # Not a reason to stop the partition: without it a redelivered dead letter may reach
+            # its target too (the gap the record closes), which the log says.
+            log.error("event=delay_level_dead_letter_decision_unreadable partition=%s key=%s error=%r", self.topic,
+                      self._decision_key, exc)
+            return {}
+        if decided and max(decided) > self._claimed:
+            log.warning("event=delay_level_dead_letter_decision_recovered partition=%s messages=%d", self.topic,
+                        len(decided))
+            return decided
+        return {}
+
+    def _record_decision(self, decided: Dict[int, str]) -> None:
+        why = next(iter(decided.values()))
+        self.publisher.state_store.put(self._decision_key,
+                                       json.dumps({"why": why, "seqs": sorted(decided)}).encode())
+        self._decided = decided
 
     def _backoff(self, delay: float) -> None:
         """Wait `delay` s without holding a forward slot (other partitions forward meanwhile)."""
@@ -838,10 +878,14 @@ class PartitionForwarder:
         the near-term topic (cancelled, dead-lettered, broker backend): a restart starts its
         order there (the forwards on the near-term topic are found by the publisher's recovery).
         A failed write raises, and nothing is acked."""
-        if self._gate is None or seq <= self._recorded:
-            return
-        self.publisher.state_store.put(self._handled_key, str(seq).encode())
-        self._recorded = seq
+        if self._gate is not None and seq > self._recorded:
+            self.publisher.state_store.put(self._handled_key, str(seq).encode())
+            self._recorded = seq
+        if self._decided and seq >= max(self._decided):
+            # The decision is passed (handled, recorded above): every letter of it is on the
+            # dead-letter topic and the acks follow.
+            self.publisher.state_store.put(self._decision_key, b"")
+            self._decided = {}
 
     def _count(self, kinds: List[str], outcomes: List[Outcome]) -> None:
         if "dead-letter" not in kinds:  # the common case, counted per batch
@@ -874,6 +918,12 @@ class PartitionForwarder:
         props[ORIGIN_MSG_ID_PROP] = held.ref
         key = msg.partition_key() or None
         event_time = msg.event_timestamp() or None
+        if self._decided and seq in self._decided:
+            # Dead-lettered before a crash (the decision is durable, the ack was not): the same
+            # letter again, which the dead-letter topic's de-duplication drops; never the target.
+            letter = self._letter(held, OutMessage(msg.data(), seq, props, key, event_time), self._decided[seq])
+            log.warning("event=delay_level_dead_letter_replayed partition=%s msg_id=%s", self.topic, held.ref)
+            return self.policy.dead_letter_topic, letter, "dead-letter"
         if parked is None:
             reason = f"malformed parked message: {held.error}"
         elif self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
