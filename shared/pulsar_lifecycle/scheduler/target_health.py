@@ -5,7 +5,7 @@ refused, a namespace that does not exist with auto-creation off, a schema the br
 a send to it failed -- is *held*: its releases wait in memory, in release order, while every other
 target goes on being released. The writer tries the target again after a backoff (0.5 s doubling
 to 10 s); a target still failing `retry_ms` after its first failure is *expired* and its held
-releases go to the dead-letter topic. New releases to a held target queue behind the held ones,
+releases go to the dead-letter topic then (the backoff ends at the limit). New releases to a held target queue behind the held ones,
 so per-target order holds.
 
 A target that recovers stays on *probation* until every release re-sent to it is confirmed: a
@@ -144,6 +144,9 @@ class TargetHealth:
         h.reason = reason
         h.busy = False
         h.next_try_ms = now_ms + backoff_ms(h.attempts, self.first_backoff_ms, self.max_backoff_ms)
+        limit = h.since_ms + self.retry_ms
+        if now_ms < limit < h.next_try_ms:
+            h.next_try_ms = limit  # the time limit ends the backoff early: dead-lettered at it
         return h
 
     def attempt(self, target: str) -> None:
