@@ -157,3 +157,47 @@ def test_client_conf_connects_and_flags_win(secured_pulsar, tmp_path: Path, uniq
                   "--client-conf", str(conf), tmp_path=tmp_path, timeout=60)
     assert res.returncode == 0, res.stderr[-2000:]
     assert "cancel: pulsar-lifecycle delayed cancel" in res.stderr
+
+
+def test_secured_function_worker_authenticates_and_authorizes(tmp_path: Path) -> None:
+    """The standalone's function worker on the secured cluster: its REST API wants a token, a
+    role without the `functions` permission is refused, the super user is served; instances
+    would run with their submitter's token (ClearTextFunctionTokenAuthProvider in its config)."""
+    import json as _json
+    import urllib.error
+    import urllib.request
+
+    from pulsar_lifecycle.runtime.pulsar_release import resolve
+    from pulsar_lifecycle.runtime.pulsar_security import FUNCTION_AUTH_PROVIDER
+    from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone, SecuritySetup
+    from support.broker_fixtures import broker_kinds
+    from support.real_worker import python_instance_dir, worker_env
+
+    if "pulsar" not in broker_kinds():
+        pytest.skip("not on pulsar: TEST_BROKERS leaves real Pulsar out")
+    # The process runtime wants a Python instance to start with, even with no function yet.
+    instance = python_instance_dir(resolve(), tmp_path / "python-instance")
+    sa = PulsarStandalone(data_dir=tmp_path / "pulsar", function_worker=True, security=SecuritySetup(),
+                          worker_config={"pythonInstanceLocation": instance}, env=worker_env())
+    sa.start()
+    try:
+        worker_yml = _json.loads((sa.data_dir / "functions_worker.yml").read_text())
+        assert worker_yml["functionAuthProviderClassName"] == FUNCTION_AUTH_PROVIDER
+        assert worker_yml["authenticationEnabled"] and worker_yml["authorizationEnabled"]
+
+        def status(headers: Dict[str, str]) -> int:
+            req = urllib.request.Request(f"{sa.admin_url_tls}/admin/v3/functions/public/default", headers=headers)
+            try:
+                with urllib.request.urlopen(req, timeout=10, context=sa.ssl_context()) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+
+        deadline = time.monotonic() + 120
+        while status(sa.admin_headers()) != 200:  # 503 while the worker initializes
+            assert time.monotonic() < deadline, "the secured worker did not answer within 120 s"
+            time.sleep(1)
+        assert status({}) == 401
+        assert status({"Authorization": f"Bearer {sa.token('alice')}"}) in (401, 403)
+    finally:
+        sa.stop()
