@@ -25,6 +25,8 @@ from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.deletion.metrics import METRICS, DeletionMetrics
 from pulsar_lifecycle.runtime.metrics import FunctionMetrics
 from pulsar_lifecycle.scheduler.service import (
+    HELD_RELEASES_METRIC,
+    HELD_TARGETS_METRIC,
     PENDING_METRIC,
     PERSIST_FAILURES_METRIC,
     LatenessHistogram,
@@ -56,12 +58,12 @@ class _Recorder:
 
 def recorded_user_metrics() -> Set[str]:
     """Every name the functions pass to context.record_metric (labels in braces included)."""
-    names: Set[str] = {PERSIST_FAILURES_METRIC, PENDING_METRIC}
+    names: Set[str] = {PERSIST_FAILURES_METRIC, PENDING_METRIC, HELD_TARGETS_METRIC, HELD_RELEASES_METRIC}
     names.update(name for name, _ in LatenessHistogram().values())
     engine = BucketIndex(MemorySnapshotStorage(), BucketConfig())
     engine.recover()
     names.update(name for name, _ in metric_values(engine.stats()))
-    counters = SimpleNamespace(received=0, released=0, cancelled=0, invalid=0)
+    counters = SimpleNamespace(received=0, released=0, cancelled=0, invalid=0, dead_lettered=0)
     names.update(name for name, _ in SchedulerService.counter_values(counters))  # type: ignore[arg-type]
     cfg = parse_syncer_config({"delayLevelTopic": "persistent://public/default/t-delay-level",
                                "schedulingTopic": "persistent://public/default/s"})
