@@ -133,6 +133,16 @@ CASES: List[Case] = [
          running(*FQFNS) + recorded(SYNCER, "pulsar_delay_level_dead_lettered_total", growing(2)), [{"fqfn": SYNCER}]),
     Case("PulsarLifecycleSyncerDeadLetters",
          running(*FQFNS) + recorded(SYNCER, "pulsar_delay_level_dead_lettered_total", level(2))),
+    # a forward refused for a while (a partition's stuck_ms level), or refused forwards dead-lettered
+    Case("PulsarLifecycleSyncerForwardStuck",
+         running(*FQFNS) + recorded(SYNCER, 'pulsar_delay_level_forward_stuck_ms{partition="2"}', growing(60_000)),
+         [{"fqfn": SYNCER}]),
+    Case("PulsarLifecycleSyncerForwardStuck",
+         running(*FQFNS) + recorded(SYNCER, "pulsar_delay_level_forward_refused_dead_lettered_total", growing(1)),
+         [{"fqfn": SYNCER}]),
+    Case("PulsarLifecycleSyncerForwardStuck",
+         running(*FQFNS) + recorded(SYNCER, 'pulsar_delay_level_forward_stuck_ms{partition="2"}', level(0))
+         + recorded(SYNCER, "pulsar_delay_level_forward_refused_dead_lettered_total", level(4))),
     # the deletion worker records each event once, as it happens (value: how many)
     Case("PulsarLifecycleDeletionDeadLetters",
          running(*FQFNS) + recorded(WORKER, "ledger_deletion_dead_lettered", [1] * 20), [{"fqfn": WORKER}], at="15m"),
