@@ -218,7 +218,7 @@ def inspect_writer(spec: Any, *, data_dir: Path, state_url: Optional[str] = None
             dedup = read_dedup(state, prefix, producer, output)
             status = read_release_status(state, prefix)
             held = list(status.get("held_targets") or [])
-            extra = {"held_targets": held, "dead_lettered": int(status.get("dead_lettered") or 0),
+            extra: Dict[str, Any] = {"held_targets": held, "dead_lettered": int(status.get("dead_lettered") or 0),
                      "dead_letter_topic": str(status.get("dead_letter_topic") or "")}
             stuck = held_problem(held, int(status.get("at_ms") or 0))
             try:
