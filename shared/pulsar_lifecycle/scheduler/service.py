@@ -551,8 +551,9 @@ class SchedulerService:
         groups: List[Tuple[str, List[OutMessage]]] = []
         sent = 0
         try:
-            groups = self.publisher.route(target, out)
-            partitioned = len(groups) > 1 or groups[0][0] != full
+            # A plain topic (the usual case) skips the routing pass: one group, the target itself.
+            partitioned = self.publisher.partitions(full) > 0
+            groups = self.publisher.route(target, out) if partitioned else [(full, out)]
             by_seq = {e[0]: e for e in entries} if partitioned else None
             for dest, group in groups:
                 self._dest_target[dest] = target

@@ -29,6 +29,9 @@ class _Publisher:
     def topics(self) -> List[str]:
         return [OUT, OTHER]
 
+    def partitions(self, topic: str) -> int:
+        return 0
+
     def route(self, topic: str, messages: List[Any]) -> List[Tuple[str, List[Any]]]:
         return [(topic, list(messages))]
 
