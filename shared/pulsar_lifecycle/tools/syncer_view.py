@@ -4,8 +4,11 @@ For each partition k the view finds the last message the syncer forwarded: its f
 publisher (`<producer prefix>-p<k>`) numbers every forward by the parked message's position
 (`rule.sequence_id`), so the highest sequence id in its dedup state (the snapshot in the
 function state, then the near-term topic's tail after it, read as the publisher's recovery reads
-it) names that message. Forwarding is in order within a partition, so what follows it is what
-the syncer still holds:
+it) names that message. A partitioned near-term topic is read per partition (the publisher
+de-duplicates, and snapshots, per destination partition), and the handled position the syncer
+records before each ack that leaves no forward on a plain near-term topic (over partitions,
+dead letters, cancels, the broker backend) counts too. Forwarding is in order within a
+partition, so what follows it is what the syncer still holds:
 
 - parked messages: with the admin REST API (real Pulsar, `--admin-url`) the backlog of the
   syncer's subscription on the partition (`msgBacklog`); otherwise (pulsar-lite has no admin
@@ -33,7 +36,7 @@ from ..dedup.sequence_map import DedupSnapshot, Position, SnapshotFormatError
 from ..delaylevel.admin import AdminView
 from ..delaylevel.config import SyncerConfig, parse_syncer_config
 from ..delaylevel.errors import ParkedMessageError
-from ..delaylevel.forwarder import PROBLEM_KEY_PREFIX
+from ..delaylevel.forwarder import HANDLED_KEY_PREFIX, PROBLEM_KEY_PREFIX
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
 from ..readers import has_more, holding_messages, reader_at
@@ -136,6 +139,29 @@ def forwarded_watermarks(client: pulsar.Client, state: Optional[ContextStateStor
     return highest
 
 
+def near_term_destinations(client: pulsar.Client, near_term_topic: str) -> List[str]:
+    """The topics the forwards land on: the near-term topic's partitions, or the topic itself."""
+    try:
+        names = [normalize_topic(p) for p in client.get_topic_partitions(near_term_topic)]
+    except pulsar.PulsarException as exc:  # no metadata (yet): read it as a plain topic
+        log.debug("event=inspect_near_term_partitions_unknown topic=%s error=%r", near_term_topic, exc)
+        return [near_term_topic]
+    return names or [near_term_topic]
+
+
+def handled_positions(state: Optional[StateStore], producers: Dict[int, str]) -> Dict[int, int]:
+    """partition -> the handled position the syncer recorded (forwarder.HANDLED_KEY_PREFIX)."""
+    out: Dict[int, int] = {}
+    for k, producer in producers.items():
+        raw = state.get(f"{HANDLED_KEY_PREFIX}/{producer}") if state is not None else None
+        try:
+            if raw and int(raw) > 0:
+                out[k] = int(raw)
+        except ValueError:
+            log.warning("event=inspect_handled_unreadable partition=%d value=%r", k, raw[:40] if raw else raw)
+    return out
+
+
 def _read_partition(client: pulsar.Client, topic: str, k: int, after: Optional[Tuple[int, int, int]], cfg: SyncerConfig,
                     count_limit: int, timeout_s: float) -> Tuple[int, bool, Optional[Dict[str, str]]]:
     """(messages after `after`, count truncated?, properties of the first of them)."""
@@ -214,12 +240,14 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
     store = ContextStateStore(StateReader(state), prefix=STATE_PREFIX) if state is not None else None
     n = _partition_count(cfg, store)
     report = SyncerReport(fqfn, normalize_topic(cfg.delay_level_topic), sub, near, unit_ms, cfg.lookahead_millis)
-    topics = [partition_topic(report.delay_level_topic, k) for k in range(n)] + ([near] if near is not None else [])
+    dests = near_term_destinations(client, near) if near is not None else []
+    topics = [partition_topic(report.delay_level_topic, k) for k in range(n)] + dests
     holding = set(topics) if empty_wait_s is None else holding_messages(client, topics, empty_wait_s)
-    watermarks: Dict[int, int] = {}
-    if near is not None:  # its tail is read only when it holds messages
-        watermarks = forwarded_watermarks(client, store, near, {k: f"{prefix}-p{k}" for k in range(n)}, timeout_s,
-                                          tail=near in holding)
+    producers = {k: f"{prefix}-p{k}" for k in range(n)}
+    watermarks = handled_positions(store, producers)
+    for dest in dests:  # each one's tail is read only when it holds messages
+        for k, seq in forwarded_watermarks(client, store, dest, producers, timeout_s, tail=dest in holding).items():
+            watermarks[k] = max(watermarks.get(k, 0), seq)
     admin = AdminView.connect(admin_url, 60.0) if admin_url else None
     try:
         for k in range(n):
@@ -230,7 +258,8 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
                                       if topic in holding else (0, False, None))
             parked: Optional[int] = count
             source = "reader"
-            problem = "" if near is not None else "nearTermBackend broker: counted from the partition's start"
+            problem = ("" if near is not None or seq else
+                       "nearTermBackend broker: counted from the partition's start (no handled position recorded)")
             backlog = admin.subscription_backlog(topic, sub) if admin is not None else None
             if backlog is not None:  # else: no admin API, or the syncer has not subscribed yet
                 parked, source, truncated = backlog, "admin-backlog", False
