@@ -16,6 +16,10 @@ worker (process runtime, function state on the table service) and the real `puls
   restart|delete` and the worker's `/metrics/`.
 * the `real_worker` fixture (module scope: one standalone per test module, stopped with it);
   skipped when this run leaves out real Pulsar (TEST_BROKERS=lite).
+* the secured variant: `start_secured_worker_standalone(...)` (TLS, token authentication,
+  authorization, the worker running instances with their submitter's token) and
+  `PulsarAdmin.secured(standalone, work_dir, role)`: `pulsar-admin --admin-url https://...
+  --auth-plugin AuthenticationToken --auth-params token:... --tls-trust-cert-path CA`.
 
 A cluster of two workers (this standalone's and a second FunctionWorkerStarter) is
 support/worker_cluster.py, built on `functions_worker_config` (runtime/pulsar_standalone.py).
@@ -40,7 +44,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import pytest
 
 from pulsar_lifecycle.runtime.pulsar_release import PulsarRelease, java_executable, resolve, resolve_client_tools
-from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
+from pulsar_lifecycle.runtime.pulsar_security import AUTH_TOKEN_PLUGIN
+from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone, SecuritySetup
 from support.broker_fixtures import broker_kinds
 
 INSTANCE_MAIN = Path(__file__).resolve().parent / "pulsar_python_instance" / "python_instance_main.py"
@@ -107,16 +112,43 @@ def start_worker_standalone(data_dir: Path, liveness_check_ms: int = LIVENESS_CH
     return standalone
 
 
+def start_secured_worker_standalone(data_dir: Path, liveness_check_ms: int = LIVENESS_CHECK_MS,
+                                    worker_config: Optional[Mapping[str, Any]] = None,
+                                    env: Optional[Mapping[str, str]] = None, **kwargs: Any) -> PulsarStandalone:
+    """A secured standalone (runtime/pulsar_security.py: TLS, token authentication and
+    authorization, super user `superuser`) with its function worker, started: the worker's REST
+    API wants a token, and instances run with their submitter's token
+    (ClearTextFunctionTokenAuthProvider) over pulsar+ssl://, trusting the cluster's CA. `env` is
+    added to the worker's environment, which its instances inherit."""
+    release = resolve()
+    config = {"pythonInstanceLocation": python_instance_dir(release, data_dir / "python-instance"),
+              "instanceLivenessCheckFreqMs": liveness_check_ms, **(worker_config or {})}
+    standalone = PulsarStandalone(data_dir=data_dir / "pulsar", function_worker=True, worker_config=config,
+                                  security=SecuritySetup(), env={**worker_env(), **(env or {})},
+                                  log_level=os.environ.get("TEST_PULSAR_LOG_LEVEL", "warn"), **kwargs)
+    standalone.start()
+    try:
+        wait_worker_ready(standalone.admin_url_tls, headers=standalone.admin_headers(),
+                          context=standalone.ssl_context())
+    except BaseException:
+        standalone.stop()
+        raise
+    return standalone
+
+
 # What a worker that is not (yet) the leader answers a create with (FunctionsImpl, HTTP 503).
 LEADER_NOT_READY = "Leader not yet ready"
 
-def wait_worker_ready(admin_url: str, timeout_s: float = 180) -> None:
-    """Until the worker answers `functions list` (it refuses with 503 while it initializes)."""
+def wait_worker_ready(admin_url: str, timeout_s: float = 180, headers: Optional[Mapping[str, str]] = None,
+                      context: Any = None) -> None:
+    """Until the worker answers `functions list` (it refuses with 503 while it initializes);
+    `headers` and the ssl `context` for a secured worker."""
     deadline = time.monotonic() + timeout_s
     last = ""
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(f"{admin_url}/admin/v3/functions/public/default", timeout=10) as resp:
+            req = urllib.request.Request(f"{admin_url}/admin/v3/functions/public/default", headers=dict(headers or {}))
+            with urllib.request.urlopen(req, timeout=10, context=context) as resp:
                 if resp.status == 200:
                     return
         except urllib.error.HTTPError as exc:
@@ -135,6 +167,8 @@ class PulsarAdmin:
     service_url: str
     work_dir: Path
     timeout_s: float = 180.0
+    # pulsar-admin's global options after --admin-url (a secured cluster's --auth-plugin ...).
+    global_args: Tuple[str, ...] = ()
     _java: str = field(default="", init=False, repr=False)
     _classpath: str = field(default="", init=False, repr=False)
 
@@ -151,7 +185,16 @@ class PulsarAdmin:
         return [self._java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
                 f"-Dlog4j.configurationFile={self.work_dir / 'log4j2.properties'}",
                 f"@{self.work_dir / 'classpath.args'}", ADMIN_TOOL, str(self.work_dir / "client.conf"),
-                "--admin-url", self.admin_url]
+                "--admin-url", self.admin_url, *self.global_args]
+
+    @classmethod
+    def secured(cls, standalone: PulsarStandalone, work_dir: Path, role: Optional[str] = None) -> "PulsarAdmin":
+        """`pulsar-admin` against a secured standalone as an operator types it: the https admin
+        URL, a token for `role` (default: the super user) and the cluster's CA."""
+        return cls(standalone.admin_url_tls, standalone.service_url_tls, work_dir,
+                   global_args=("--auth-plugin", AUTH_TOKEN_PLUGIN,
+                                "--auth-params", f"token:{standalone.token(role or standalone.super_user)}",
+                                "--tls-trust-cert-path", str(standalone.ca_path)))
 
     def write_shim(self, bin_dir: Path) -> Path:
         """A `pulsar-admin` script in `bin_dir` running this CLI, for commands run as a shell runs them."""

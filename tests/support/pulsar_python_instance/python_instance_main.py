@@ -36,8 +36,15 @@ functions here use, written from reading it:
   The message modules (`InstanceCommunication_pb2*.py`) are generated next to this file from the
   .proto in the release's pulsar-functions-proto jar (support/real_worker.py).
 
+Secured clusters as Pulsar's instance runs on them: the client authenticates with
+`--client_auth_plugin`/`--client_auth_params` (the submitter's token under the worker's
+ClearTextFunctionTokenAuthProvider) and trusts `--tls_trust_cert_path`; `context.get_secret(k)`
+asks the `--secrets_provider` the worker names (the process runtime's default configurator names
+`secretsprovider.ClearTextSecretsProvider`: the secretsMap value is the secret;
+`secretsprovider.EnvironmentBasedSecretsProvider` reads the environment variable named `k`).
+
 Left out: log topics, schemas other than bytes plus a serde, crypto, EFFECTIVELY_ONCE, secrets
-providers other than clear text.
+providers other than those two.
 
 Runs as a script in the worker's Python: no import of this repository's code.
 """
@@ -323,7 +330,9 @@ class ContextImpl(pulsar.Context):
         return self.user_config
 
     def get_secret(self, secret_key: str) -> Any:
-        return self.secrets_map.get(secret_key)
+        if secret_key not in self.secrets_map:
+            return None
+        return provide_secret(self.instance_config.secrets_provider, secret_key, self.secrets_map[secret_key])
 
     def record_metric(self, metric_name: str, metric_value: float) -> None:
         if metric_name not in self.user_metrics_map:
@@ -394,7 +403,8 @@ class PythonInstance:
         self.details = details
         self.client = client
         self.instance_config = SimpleNamespace(instance_id=str(args.instance_id), function_id=args.function_id,
-                                               function_version=args.function_version, function_details=details)
+                                               function_version=args.function_version, function_details=details,
+                                               secrets_provider=args.secrets_provider or "")
         self.queue: "queue.Queue[Any]" = queue.Queue(1)
         self.consumers: Dict[str, Any] = {}
         self.producer: Any = None
@@ -615,6 +625,37 @@ def _serve_control(instance: PythonInstance, port: int, interval_s: int) -> Inst
     return control
 
 
+def _client_security(args: argparse.Namespace) -> Dict[str, Any]:
+    """The client's authentication and TLS keywords, from the flags the worker passes (as
+    Pulsar's python_instance_main builds its client)."""
+    kw: Dict[str, Any] = {}
+    if args.client_auth_plugin and args.client_auth_params:
+        kw["authentication"] = pulsar.Authentication(args.client_auth_plugin, args.client_auth_params)
+    if args.use_tls == "true":
+        kw["use_tls"] = True
+    if args.tls_allow_insecure_connection == "true":
+        kw["tls_allow_insecure_connection"] = True
+    if args.tls_trust_cert_path:
+        kw["tls_trust_certs_file_path"] = args.tls_trust_cert_path
+    if args.hostname_verification_enabled == "true":
+        kw["tls_validate_hostname"] = True
+    return kw
+
+
+CLEAR_TEXT_PROVIDER = "secretsprovider.ClearTextSecretsProvider"
+ENVIRONMENT_PROVIDER = "secretsprovider.EnvironmentBasedSecretsProvider"
+
+
+def provide_secret(provider: str, secret_name: str, path_to_secret: Any) -> Any:
+    """What Pulsar's Python secrets providers answer: ClearText the secretsMap value itself,
+    EnvironmentBased the environment variable named after the secret."""
+    if provider == ENVIRONMENT_PROVIDER:
+        return os.environ.get(secret_name)
+    if provider in ("", CLEAR_TEXT_PROVIDER):
+        return path_to_secret
+    raise ValueError(f"secrets provider {provider!r} is not reproduced here")
+
+
 def main() -> None:
     for signo in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signo, _on_signal)
@@ -644,7 +685,7 @@ def main() -> None:
     if unknown:
         Log.warning("arguments this reproduction does not use: %s", unknown)
     client = pulsar.Client(args.pulsar_serviceurl, operation_timeout_seconds=30, io_threads=1,
-                           message_listener_threads=1, concurrent_lookup_requests=50000)
+                           message_listener_threads=1, concurrent_lookup_requests=50000, **_client_security(args))
     instance = PythonInstance(args, details, client)
     instance.run()
     _serve_control(instance, args.port, args.expected_healthcheck_interval)
