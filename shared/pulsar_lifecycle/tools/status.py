@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from rich.table import Table
 
 from ..clock import wall_clock_ms
-from ..runtime.client import quiet_client
+from ..runtime.client import make_client
 from ..runtime.localrun import LocalRunner
 from .common import InspectError, open_state_reader
 from .syncer_view import inspect_syncer
@@ -144,7 +144,7 @@ class StatusBoard:
 
     def _probe_syncer(self, spec: Any) -> Dict[str, Any]:
         state = open_state_reader(spec, Path(self.service.data_dir), self.service.state_storage_service_url)
-        client = quiet_client(self.service.service_url)
+        client = make_client(self.service.client_settings)
         try:
             report = inspect_syncer(spec, client, state, timeout_s=self.probe_interval_s * 2)
         finally:

@@ -30,8 +30,9 @@ from ..function_registry import USER_CONFIG_KEYS, topology_of
 from ..local_paths import absolute
 from ..logging_setup import ClientLogRotation, route_client_log
 from ..runtime.broker import EmbeddedBroker
-from ..runtime.client import quiet_client
-from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, check_reachable, prepare_data_dir
+from ..runtime.client import ClientSettings, make_client
+from ..runtime.connect import open_client
+from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, prepare_data_dir
 from ..scheduler.wake import send_start_ticks
 from ..up_manifest import remove_manifest, write_manifest
 
@@ -139,6 +140,9 @@ class LocalService:
     plans: List[FunctionPlan]
     data_dir: Path
     broker_service_url: Optional[str] = None
+    # The external broker's connection settings (credentials, TLS trust: the command's client
+    # options); None = the plain URL. Unused with the embedded broker.
+    client: Optional[ClientSettings] = None
     state_storage_service_url: Optional[str] = None
     embedded_broker_port: int = 0
     broker: Optional[EmbeddedBroker] = None
@@ -156,6 +160,14 @@ class LocalService:
         assert self.broker is not None, "start() first"
         return self.broker.service_url
 
+    @property
+    def client_settings(self) -> ClientSettings:
+        """How every client of this service connects: the external broker's settings, or the
+        embedded broker's plain URL."""
+        if self.broker_service_url and self.client is not None:
+            return self.client
+        return ClientSettings(service_url=self.service_url)
+
     def start(self) -> "LocalService":
         """Start the broker (unless external), then every function in plan order; on a failure
         stop what started and raise."""
@@ -165,7 +177,8 @@ class LocalService:
         self._rotation = ClientLogRotation(Path(self.client_log)).start()  # size-bounded while up runs
         try:
             if self.broker_service_url:
-                check_reachable(self.broker_service_url)
+                # Reachable, answering, and accepting the credential, or one line naming the URL.
+                open_client(self.client_settings, 5.0).close()
             else:
                 self._lock = DataDirLock(self.data_dir)
                 self._lock.acquire()
@@ -177,7 +190,7 @@ class LocalService:
                 spec = plan.spec
                 opts = LocalRunOptions(broker_service_url=self.service_url,
                                        state_storage_service_url=self.state_storage_service_url,
-                                       data_dir=self.data_dir)
+                                       client=self.client_settings, data_dir=self.data_dir)
                 self.runners[spec.name] = LocalRunner(spec, opts).start()
                 log.info("event=up_function_started fqfn=%s/%s/%s config=%s", spec.tenant, spec.namespace, spec.name,
                          plan.path.name)
@@ -199,7 +212,7 @@ class LocalService:
                   if p.spec.user_config.get("tickTopic") and p.spec.user_config.get("tickMode", "hold") != "runner"]
         if not topics:
             return
-        client = quiet_client(self.service_url)
+        client = make_client(self.client_settings)
         try:
             for topic in topics:
                 send_start_ticks(client, topic, 1)

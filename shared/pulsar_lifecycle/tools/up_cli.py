@@ -11,6 +11,7 @@ from typing import Any, Optional, Tuple
 import click
 
 from ..cli_args import check_service_url
+from ..client_options import client_options, client_settings
 from ..local_paths import absolute_path
 from ..logging_setup import log_to_file
 
@@ -24,7 +25,10 @@ log = logging.getLogger(__name__)
               callback=absolute_path, help="Run these configs instead of --config-dir's (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
               callback=absolute_path, help="Broker data, function state and bucket snapshots; a restart with it continues.")
-@click.option("--broker-service-url", default=None, help="pulsar:// URL; omitted = start the embedded pulsar-lite broker.")
+@click.option("--broker-service-url", default=None,
+              help="pulsar:// or pulsar+ssl:// URL of an external broker, reached with the connection options "
+                   "below; omitted = start the embedded pulsar-lite broker.")
+@client_options
 @click.option("--state-storage-service-url", default=None,
               help="bk://host:4181 for the function state; omitted = the directory store in --data-dir.")
 @click.option("--embedded-broker-port", type=click.IntRange(0, 65535), default=0, show_default=True,
@@ -69,7 +73,10 @@ def up(config_dir: str, config_files: Tuple[str, ...], data_dir: str, broker_ser
     _check_plans(plans)
     # A terminal gets the live view and the log goes to --data-dir; a pipe gets plain tables.
     console = Console() if sys.stdout.isatty() else Console(width=140)
-    service = LocalService(plans, Path(data_dir), broker_service_url=broker_service_url,
+    # An external broker is reached as every command reaches one: the token and TLS trust of
+    # --auth-plugin/--auth-params/--tls-trust-cert-path or the client.conf, for the functions too.
+    client = client_settings(broker_service_url) if broker_service_url is not None else None
+    service = LocalService(plans, Path(data_dir), broker_service_url=broker_service_url, client=client,
                            state_storage_service_url=state_storage_service_url,
                            embedded_broker_port=embedded_broker_port)
 
