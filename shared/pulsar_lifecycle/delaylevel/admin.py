@@ -15,6 +15,7 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import quote
 
 from ..dedup.publisher import normalize_topic
+from ..deletion.admin import AdminAccess
 from ..deletion.ports import StorageError
 from ..deletion.storage.http import HttpEndpoints
 from ..topics import PARTITION_SUFFIX, TopicName
@@ -53,18 +54,28 @@ class AdminView:
     endpoints: HttpEndpoints
     ttl_seconds: float = 600.0
     clock: Callable[[], float] = time.monotonic
+    access: Optional[AdminAccess] = None
 
     def __post_init__(self) -> None:
         self._topics: TtlCache[Tuple[str, str, str], Set[str]] = TtlCache(
             self._list_namespace, self.ttl_seconds, clock=self.clock, name="admin topic listing")
 
     @classmethod
-    def connect(cls, url: str, ttl_seconds: float, timeout: float = 10.0) -> "AdminView":
-        """A view over the admin REST API at `url`."""
-        return cls(HttpEndpoints([url], timeout=timeout), ttl_seconds)
+    def connect(cls, url: str, ttl_seconds: float, timeout: float = 10.0,
+                access: Optional[AdminAccess] = None) -> "AdminView":
+        """A view over the admin REST API at `url`; `access` (a command's): its token and CA, and
+        a 401/403 raises AdminRefused naming the URL and the caller."""
+        if access is None:
+            return cls(HttpEndpoints([url], timeout=timeout), ttl_seconds)
+        view = cls(HttpEndpoints([url], timeout=timeout, headers=access.headers(), session=access.session()),
+                   ttl_seconds)
+        view.access = access
+        return view
 
     def _get_json(self, path: str) -> Optional[Any]:
         res = self.endpoints.request("GET", path)
+        if self.access is not None:
+            self.access.check(res.status, "GET", path, res.text)
         if res.status == 404:
             return None
         if res.status != 200:

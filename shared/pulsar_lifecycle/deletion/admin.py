@@ -39,21 +39,93 @@ def ledger_ids_from_internal_stats(stats: Dict[str, Any]) -> Set[int]:
     return {i for i in ids if i >= 0}  # -1 means "no ledger yet"
 
 
+class AdminRefused(StorageError):
+    """The admin REST API refused the request's credential (HTTP 401) or its role (HTTP 403);
+    the message names the URL and who asked."""
+
+
+@dataclass(frozen=True)
+class AdminAccess:
+    """How a command reaches the admin REST API on a secured cluster: its URL, the Bearer token
+    (the client settings' token), the CA it trusts (`--tls-trust-cert-path`,
+    `tlsTrustCertsFilePath`; None: the system CAs) or any certificate (`insecure`), and `who`
+    names the caller in a refusal ("role 'alice'", "no token")."""
+
+    url: str
+    token: Optional[str] = None
+    ca_path: Optional[str] = None
+    insecure: bool = False
+    who: str = ""
+
+    @property
+    def caller(self) -> str:
+        """Who asks, for a refusal's message."""
+        return self.who or ("a token" if self.token else "no token")
+
+    def headers(self) -> Dict[str, str]:
+        """The Authorization header, when there is a token."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def session(self, pool_size: int = DEFAULT_POOL_SIZE) -> Any:
+        """A pooled requests.Session verifying https:// answers against `ca_path` (or not at all
+        when `insecure`)."""
+        session = pooled_session(pool_size)
+        if self.insecure:
+            session.verify = False
+        elif self.ca_path:
+            session.verify = self.ca_path
+        return session
+
+    def check(self, status: int, method: str, path: str, text: str) -> None:
+        """AdminRefused on 401 or 403 (Pulsar answers 401 to a missing or bad token and to a role
+        without the permission too), one line naming the URL and the caller."""
+        if status not in (401, 403):
+            return
+        hint = ("give a token: --auth-plugin/--auth-params, or authPlugin/authParams in the client.conf"
+                if not self.token else "the role needs to be the tenant's admin or a super user")
+        raise AdminRefused(f"the admin API at {self.url} refused {self.caller}: HTTP {status} on {method} {path} "
+                           f"({_reason(text)}); {hint}")
+
+
+def _reason(text: str) -> str:
+    """The `reason` of Pulsar's JSON error body, or its first 120 characters."""
+    try:
+        import json
+
+        body = json.loads(text)
+        if isinstance(body, dict) and body.get("reason"):
+            return str(body["reason"])[:200]
+    except ValueError:
+        pass  # not JSON: the body as it is
+    return " ".join(text.split())[:120] or "no reason given"
+
+
 @dataclass
 class PulsarAdminClient:
     """The admin REST calls deletion needs, against one or more web service URLs."""
 
     endpoints: HttpEndpoints
     calls: int = 0
+    access: Optional[AdminAccess] = None
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
     def connect(cls, base_urls: Sequence[str], timeout: float = 10.0, token: Optional[str] = None,
-                pool_size: int = DEFAULT_POOL_SIZE) -> "PulsarAdminClient":
+                pool_size: int = DEFAULT_POOL_SIZE, access: Optional[AdminAccess] = None) -> "PulsarAdminClient":
         """A client for http(s)://broker:8080 URLs; `token` is sent as a Bearer token; `pool_size`
-        concurrent callers keep their connections."""
+        concurrent callers keep their connections. `access` (a command's): its token and CA, and
+        a 401/403 raises AdminRefused naming the URL and the caller."""
+        if access is not None:
+            token = access.token if token is None else token
+            session = access.session(pool_size)
+        else:
+            session = pooled_session(pool_size)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        return cls(HttpEndpoints(list(base_urls), timeout=timeout, headers=headers, session=pooled_session(pool_size)))
+        return cls(HttpEndpoints(list(base_urls), timeout=timeout, headers=headers, session=session), access=access)
+
+    def _refused(self, status: int, method: str, path: str, text: str) -> None:
+        if self.access is not None:
+            self.access.check(status, method, path, text)
 
     @staticmethod
     def _path(topic: "TopicRef", suffix: str) -> str:
@@ -64,6 +136,7 @@ class PulsarAdminClient:
             self.calls += 1
         res = self.endpoints.request("GET", self._path(topic, suffix))
         log.debug("admin GET %s topic=%s status=%d", suffix, topic.short_name, res.status)
+        self._refused(res.status, "GET", self._path(topic, suffix), res.text)
         if res.status == 404:
             return None
         if res.status != 200:
@@ -116,6 +189,7 @@ class PulsarAdminClient:
         res = self.endpoints.request(
             "PUT", self._path(topic, "partitions"), data=str(int(partitions)), headers={"Content-Type": "application/json"}
         )
+        self._refused(res.status, "PUT", self._path(topic, "partitions"), res.text)
         if res.status in (200, 204):
             return True
         if res.status == 409:

@@ -329,23 +329,29 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 @_topic_options
 @delay_options
 @click.option("--topic", required=True, help="Topic whose every ledger is enqueued.")
-@click.option("--admin-url", required=True, help="Pulsar admin URL (http://broker:8080) for internalStats.")
+@click.option("--admin-url", required=True, default=conf_default("webServiceUrl"),
+              help="Pulsar admin URL (http://broker:8080, https://... on a secured cluster) for internalStats, "
+                   "called with the token and TLS trust of the connection options [default: webServiceUrl of "
+                   "the client.conf].")
 @click.option("--skip-in-use-check", is_flag=True, help="checkLedgerStillInUse=false (the topic is being deleted).")
 def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_delay_seconds: int, delay_backend: str,
                   scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
     from ..cli_args import check_http_url
+    from ..client_options import admin_access, client_settings
     from .admin import PulsarAdminClient
     from .operator import enqueue_topic_ledgers
 
-    check_http_url("--admin-url", admin_url)
+    admin_url = check_http_url("--admin-url", admin_url) or admin_url
+    access = admin_access(admin_url, client_settings(opts.get("service_url")))
     try:
         TopicRef.parse(topic)
     except InvalidRequestError as exc:
         raise click.BadParameter(str(exc), param_hint="--topic") from exc
     service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
     try:
-        done = enqueue_topic_ledgers(service, PulsarAdminClient.connect([admin_url]), topic, not skip_in_use_check)
+        done = enqueue_topic_ledgers(service, PulsarAdminClient.connect([admin_url], access=access), topic,
+                                     not skip_in_use_check)
     except (ValueError, InvalidRequestError) as exc:
         raise click.ClickException(str(exc)) from exc
     finally:

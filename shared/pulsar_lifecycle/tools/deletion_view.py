@@ -22,6 +22,7 @@ import pulsar
 
 from ..config.settings import ConfigError
 from ..delaylevel.admin import AdminView
+from ..deletion.admin import AdminAccess
 from ..deletion.config import DeletionConfig
 from ..deletion.operator import DLQ_SUBSCRIPTION
 from ..deletion.topics import DeletionTopics
@@ -70,7 +71,8 @@ def deletion_topics(spec: Any, tenant: Optional[str]) -> DeletionTopics:
 
 
 def inspect_deletion(spec: Any, client: pulsar.Client, *, tenant: Optional[str] = None,
-                     admin_url: Optional[str] = None, count_limit: int = 100_000,
+                     admin_url: Optional[str] = None,
+                     admin_access: Optional[AdminAccess] = None, count_limit: int = 100_000,
                      timeout_s: float = 60.0) -> DeletionReport:
     """Count what the LedgerDeletionWorker `spec` (a FunctionSpec) has left; see the module docstring.
 
@@ -79,6 +81,7 @@ def inspect_deletion(spec: Any, client: pulsar.Client, *, tenant: Optional[str] 
         client: a client of the broker it runs on.
         tenant: whose topics (deletionTopicScope tenant).
         admin_url: the admin REST API (real Pulsar): counts from subscription backlogs.
+        admin_access: its token and CA on a secured cluster (a 401/403 is AdminRefused, one line).
         count_limit: a Reader counts at most this many messages per topic.
         timeout_s: bound of each Reader count.
     """
@@ -87,7 +90,7 @@ def inspect_deletion(spec: Any, client: pulsar.Client, *, tenant: Optional[str] 
     report = DeletionReport(fqfn, spec.sub_name)
     wanted = ([("pending", topics.deletion_partition(k, tenant)) for k in range(topics.parallelism)]
               + [("retry", topics.retry_partition(k, tenant)) for k in range(topics.parallelism)])
-    admin = AdminView.connect(admin_url, 60.0) if admin_url else None
+    admin = AdminView.connect(admin_url, 60.0, access=admin_access) if admin_url else None
     try:
         for kind, topic in wanted:
             backlog = admin.subscription_backlog(topic, spec.sub_name) if admin is not None else None

@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from ..cli_args import check_http_url, check_service_url, connect_timeout_option
-from ..client_options import client_options, client_settings, conf_default
+from ..client_options import admin_access, client_options, client_settings, conf_default
 from ..clock import wall_clock_ms
 from ..local_paths import absolute_path
 
@@ -60,8 +60,9 @@ _state_option = click.option("--state-storage-service-url", "state_url", default
 
 def _connection_options(f: Any) -> Any:
     f = connect_timeout_option(f)
-    f = click.option("--admin-url", default=None,
-                     help="Admin REST URL (real Pulsar): counts from subscription backlogs.")(f)
+    f = click.option("--admin-url", default=conf_default("webServiceUrl"),
+                     help="Admin REST URL (real Pulsar): counts from subscription backlogs; called with the "
+                          "token and TLS trust of the options below [default: webServiceUrl of the client.conf].")(f)
     f = click.option("--service-url", required=True, default=conf_default("brokerServiceUrl"),
                      help="pulsar:// or pulsar+ssl:// URL of the broker the function runs on "
                           "[default: brokerServiceUrl of the client.conf].")(f)
@@ -130,10 +131,13 @@ def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[s
     _check_state_url(state_url)
     state = open_state_reader(spec, Path(data_dir), state_url)
     try:
-        client = open_client(client_settings(service_url), connect_timeout)
+        settings = client_settings(service_url)
+        access = admin_access(admin, settings) if admin else None
+        client = open_client(settings, connect_timeout)
         try:
             # exact: every partition asked for its end (the status view's look skips empty ones)
-            report = inspect_syncer(spec, client, state, admin_url=admin, count_limit=limit, empty_wait_s=None)
+            report = inspect_syncer(spec, client, state, admin_url=admin, admin_access=access, count_limit=limit,
+                                    empty_wait_s=None)
         finally:
             client.close()
     finally:
@@ -162,9 +166,11 @@ def inspect_deletion_cmd(config_file: str, service_url: str, admin_url: Optional
     deletion_topics(spec, tenant)
     check_service_url("--service-url", service_url)
     admin = check_http_url("--admin-url", admin_url)
-    client = open_client(client_settings(service_url), connect_timeout)
+    settings = client_settings(service_url)
+    access = admin_access(admin, settings) if admin else None
+    client = open_client(settings, connect_timeout)
     try:
-        report = inspect_deletion(spec, client, tenant=tenant, admin_url=admin, count_limit=limit)
+        report = inspect_deletion(spec, client, tenant=tenant, admin_url=admin, admin_access=access, count_limit=limit)
     finally:
         client.close()
     _emit(as_json, deletion_dict(report), deletion_view(report))

@@ -39,6 +39,7 @@ from ..delaylevel.errors import ParkedMessageError
 from ..delaylevel.forwarder import HANDLED_KEY_PREFIX, PROBLEM_KEY_PREFIX
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
+from ..deletion.admin import AdminAccess
 from ..readers import has_more, holding_messages, reader_at
 from ..scheduler.context_state import ContextStateStore
 from ..state import StateStore
@@ -214,6 +215,7 @@ def syncer_config(spec: Any) -> SyncerConfig:
 
 
 def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore], *, admin_url: Optional[str] = None,
+                   admin_access: Optional[AdminAccess] = None,
                    count_limit: int = 100_000, timeout_s: float = 60.0,
                    empty_wait_s: Optional[float] = EMPTY_WAIT_S) -> SyncerReport:
     """Read what the DelayLevelSyncer `spec` (a FunctionSpec) still holds; see the module docstring.
@@ -223,6 +225,7 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
         client: a client of the broker the syncer runs on.
         state: the syncer's function state (None: none found; the Reader then counts from the start).
         admin_url: the admin REST API (real Pulsar): parked counts from the subscription backlog.
+        admin_access: its token and CA on a secured cluster (a 401/403 is AdminRefused, one line).
         count_limit: the Reader counts at most this many messages per partition.
         timeout_s: bound of each read (the tail replay and each partition).
         empty_wait_s: how long a topic that delivers no message to a Reader counts as empty;
@@ -248,7 +251,7 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
     for dest in dests:  # each one's tail is read only when it holds messages
         for k, seq in forwarded_watermarks(client, store, dest, producers, timeout_s, tail=dest in holding).items():
             watermarks[k] = max(watermarks.get(k, 0), seq)
-    admin = AdminView.connect(admin_url, 60.0) if admin_url else None
+    admin = AdminView.connect(admin_url, 60.0, access=admin_access) if admin_url else None
     try:
         for k in range(n):
             topic = partition_topic(report.delay_level_topic, k)
