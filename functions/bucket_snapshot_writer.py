@@ -68,13 +68,15 @@ class BucketSnapshotWriter:
             # queue when its consumer was closed. Neither queued nor acked: the broker redelivers
             # it to the direct consumer.
             return None
+        from pulsar_lifecycle.scheduler.factory import target_check_of  # loaded by _ensure_service
+
         payload = input if isinstance(input, bytes) else str(input).encode("utf-8")
         item = classify(
             payload=payload, properties=props, key=context.get_message_key(),
             event_time=context.get_message_eventtime() or 0,
             position=(msg_id.ledger_id(), msg_id.entry_id(), msg_id.partition(), msg_id.batch_index()),
             now_ms=service.clock(), max_delay_ms=service.config.max_delay_seconds * 1000,
-            allowed_target_prefixes=service.config.allowed_target_prefixes,
+            allowed_target_prefixes=service.config.allowed_target_prefixes, target_check=target_check_of(service),
         )
         service.submit(Pending(item, lambda: context.ack(msg_id, topic), payload, dict(props)))
         return None

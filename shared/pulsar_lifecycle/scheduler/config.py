@@ -19,7 +19,7 @@ from ..config.settings import (
 from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
 from ..dedup.publisher import normalize_topic
-from ..deletion.config import DeletionConfig
+from ..deletion.config import DeletionConfig, to_http_urls
 from ..deletion.topics import DeletionTopics
 
 TICK_MODES = ("hold", "runner", "chain")
@@ -56,6 +56,22 @@ class WriterConfig:
     allowed_target_prefix: Tuple[str, ...] = setting(
         'allowedTargetPrefix', (),
         'Per-message targets (`__pl_target__`) must start with one of these prefixes: a list, or one string (several comma-separated, for `--user-config` JSON); empty = per-message targets refused. List every target the functions that delay through this writer use (the shipped config: `persistent://public/default/` and the deletion topics `persistent://pulsar/system/__ledger_deletion`).')
+    target_permission_check: str = setting(
+        'targetPermissionCheck', 'auto',
+        "Release to a target only what every role that may produce to the scheduling topic may produce there itself (tenant admins included, super users aside): a message whose target (or, without `__pl_target__`, the output) fails goes to the `-INVALID` topic naming the roles that lack produce on it, never indexed. Grants are read from the admin API at `pulsarAdminUrl` with the token in `adminTokenSecret`. `auto`: on when `pulsarAdminUrl` is set and the broker refuses an anonymous admin read (authentication on); off on pulsar-lite or an open broker. `on`: always (needs `pulsarAdminUrl`). `off`: never (docs/security.md).",
+        choices=('auto', 'on', 'off'))
+    target_permission_cache_seconds: int = setting(
+        'targetPermissionCacheSeconds', 60,
+        "How long the grants read for targetPermissionCheck (and the decisions on them) are kept before they are read again; a grant or revocation takes effect within this time.",
+        minimum=0)
+    pulsar_admin_url: Tuple[str, ...] = setting(
+        'pulsarAdminUrl', (),
+        "Admin REST URL(s), comma-separated or a list, tried in turn (the LedgerDeletionWorker's key): where targetPermissionCheck reads grants; empty = no check.",
+        convert=to_http_urls)
+    admin_token_secret: Optional[str] = setting(
+        'adminTokenSecret', None,
+        "Name of a function secret holding a Bearer token for the admin API (the LedgerDeletionWorker's key): a tenant admin of the scheduling topic's and the targets' tenants, or a super user.",
+        convert=to_str)
     max_delay_seconds: int = setting(
         'maxDelaySeconds', 400 * 86400,
         'Deliver-at times further than this in the future are refused (sent to invalidMessageTopic).',

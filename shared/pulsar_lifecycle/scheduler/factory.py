@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+import weakref
 from dataclasses import dataclass, replace
 from typing import Any, Callable, List, Optional, Tuple, Union
 
@@ -25,6 +26,7 @@ from ..topics import TopicName
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
+from .intake import TargetCheck
 from .intake_gaps import GapClassifier, intake_gaps_for
 from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
@@ -35,8 +37,17 @@ from .wake import wake_after_failure
 
 log = logging.getLogger(__name__)
 
+# Each service's targetPermissionCheck, for the runtime intake (functions/bucket_snapshot_writer.py
+# classifies what process() receives): target_check_of(service).
+_TARGET_CHECKS: "weakref.WeakKeyDictionary[SchedulerService, Optional[TargetCheck]]" = weakref.WeakKeyDictionary()
+
+
+def target_check_of(service: Any) -> Optional[TargetCheck]:
+    """The targetPermissionCheck the factory gave `service` (None: off)."""
+    return _TARGET_CHECKS.get(service)
+
 __all__ = ["build_service", "default_snapshot_dir", "open_partition_snapshot_storage", "open_writer_snapshot_storage",
-           "state_location"]
+           "state_location", "target_check_of"]
 
 
 def open_writer_snapshot_storage(cfg: WriterConfig, context: Any, resources: List[Any]) -> BucketSnapshotStorage:
@@ -162,19 +173,25 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         identity = check_index_identity(storage, dedup_state,
                                         state_location=state_location(context, names.state_prefix),
                                         published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
+        # No role reaches through the writer what it may not reach itself (docs/security.md).
+        permissions = _target_permissions(cfg, context, names.topic, default_target)
+        if permissions is not None:
+            resources.append(permissions.source)
+        target_check = permissions.refusal if permissions is not None else None
         source_factory = None
         runtime_input = None
         if names.direct:
             sub = SchedulingSubscription(
                 topic=names.topic, subscription=cfg.scheduling_subscription or fqfn,
                 batch_size=cfg.ingest_batch_size, batch_delay_ms=cfg.ingest_batch_delay_millis,
-                max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes)
+                max_delay_ms=cfg.max_delay_seconds * 1000, allowed_target_prefixes=cfg.allowed_target_prefixes,
+                target_check=target_check)
             # The scheduling topic as an input only starts the writer: the service closes it (runtime_input.py).
             runtime_input = RuntimeInput.of_input(context, names.topic)
             # What a dead consumer holds is read only while no other instance shares the subscription
             # (intake_gaps.py): another instance's share would look the same.
             sole_consumer = bool(cfg.scheduling_topic_partitions) or num_instances(context) <= 1
-            rules = GapClassifier(sub.max_delay_ms, sub.allowed_target_prefixes)
+            rules = GapClassifier(sub.max_delay_ms, sub.allowed_target_prefixes, target_check)
             source_factory = lambda: SchedulingConsumer(client, sub, gaps=intake_gaps_for(  # noqa: E731 - opened after recovery
                 client, names.topic, engine, dedup_state, identity.index_id, rules, sole_consumer))
         sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
@@ -187,6 +204,7 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             # A start that fails once the runtime's input is closed has no redelivered scheduling
             # message to retry it: a tick does (the hook arm_wake sets once the service runs).
             service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
+        _TARGET_CHECKS[service] = target_check
         service.start()
     except BaseException:
         # The next process() call builds again: the snapshot-directory lock (or the partition's
@@ -199,6 +217,18 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             res.close()
         raise
     return service
+
+
+def _target_permissions(cfg: WriterConfig, context: Any, topic: str, default_target: str) -> Any:
+    """The writer's TargetPermissionCheck, or None (targetPermissionCheck off, or auto without pulsarAdminUrl)."""
+    if cfg.target_permission_check == "off" or (cfg.target_permission_check == "auto" and not cfg.pulsar_admin_url):
+        log.info("event=target_permission_check state=off reason='targetPermissionCheck=%s%s'",
+                 cfg.target_permission_check, "" if cfg.target_permission_check == "off" else ", no pulsarAdminUrl")
+        return None
+    # Imported here: the admin client pulls in requests (as _snapshot_deleter's imports do).
+    from .permission_source import target_permission_check
+
+    return target_permission_check(cfg, context, topic, default_target)
 
 
 def _snapshot_deleter(cfg: WriterConfig, context: Any, scheduling_topic: str) -> Any:

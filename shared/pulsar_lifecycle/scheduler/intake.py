@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Tuple, Union
+from typing import Callable, Optional, Tuple, Union
 
 from ..bucket import positions
 from ..bucket.records import DelayedMessage, index_id
@@ -47,6 +47,9 @@ class Invalid:
 
 
 Intake = Union[DelayedMessage, Cancel, Invalid]
+#: target (None: the writer's output) -> the reason its release is refused, or None
+#: (scheduler/target_permissions.py: TargetPermissionCheck.refusal).
+TargetCheck = Callable[[Optional[str]], Optional[str]]
 
 
 def classify(
@@ -59,8 +62,11 @@ def classify(
     now_ms: int,
     max_delay_ms: int,
     allowed_target_prefixes: Tuple[str, ...],
+    target_check: Optional[TargetCheck] = None,
 ) -> Intake:
-    """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index)."""
+    """Decide what a scheduling message is. `position` = (ledger, entry, partition, batch_index).
+    `target_check` refuses a target (or the output, for a message without one) the producers of the
+    scheduling topic may not produce to themselves (None: no such check)."""
     ledger, entry, partition, batch_index = position
     index_entry = index_id(entry, batch_index)  # positions.encode
     if index_entry is None:
@@ -83,6 +89,10 @@ def classify(
     target = properties.get(TARGET_PROP) or None
     if target is not None and not any(target.startswith(p) for p in allowed_target_prefixes):
         return Invalid(f"{TARGET_PROP}={target!r} is not under allowedTargetPrefix (allowed: {list(allowed_target_prefixes)})")
+    if target_check is not None:
+        refused = target_check(target)
+        if refused is not None:
+            return Invalid(refused)
     # An upstream DedupPublisher's own properties (e.g. the delay-level syncer's forwards) are
     # not the release's: the release publisher adds its own and refuses foreign ones.
     # (The common message carries none of them: then a plain copy, without a test per property.)

@@ -66,7 +66,7 @@ from ..bucket.positions import encode
 from ..clock import wall_clock_ms
 from ..readers import HoldsMessages, close_quietly, reader_at
 from ..topics import TopicName
-from .intake import Invalid, classify
+from .intake import Invalid, TargetCheck, classify
 from .service import IntakeBatch, Pending
 
 log = logging.getLogger(__name__)
@@ -168,6 +168,7 @@ class GapClassifier:
 
     max_delay_ms: int
     allowed_target_prefixes: Tuple[str, ...]
+    target_check: Optional[TargetCheck] = None  # targetPermissionCheck (None: off)
 
 
 class IntakeGaps:
@@ -501,7 +502,8 @@ class IntakeGaps:
             item = classify(payload=payload, properties=props, key=msg.partition_key() or None,
                             event_time=msg.event_timestamp(), position=(ledger, entry, mid.partition(), batch),
                             now_ms=now, max_delay_ms=self._rules.max_delay_ms,
-                            allowed_target_prefixes=self._rules.allowed_target_prefixes)
+                            allowed_target_prefixes=self._rules.allowed_target_prefixes,
+                            target_check=self._rules.target_check)
             if isinstance(item, Invalid):
                 taken.invalid += 1  # left to the subscription (see the module docstring)
                 continue

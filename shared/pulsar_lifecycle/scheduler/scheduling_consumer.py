@@ -41,7 +41,7 @@ from ..readers import HoldsMessages
 from ..stall_watchdog import StallWatchdog
 from ..subscribe import subscribe_promptly
 from .acker import BackgroundAcker
-from .intake import classify
+from .intake import TargetCheck, classify
 from .intake_gaps import Entry, IntakeGaps
 from .service import IntakeBatch, Pending
 
@@ -66,6 +66,7 @@ class SchedulingSubscription:
     batch_delay_ms: int
     max_delay_ms: int
     allowed_target_prefixes: Tuple[str, ...]
+    target_check: Optional[TargetCheck] = None  # targetPermissionCheck (None: off)
 
 
 class SchedulingConsumer:
@@ -156,7 +157,7 @@ class SchedulingConsumer:
         watchdog sees the batch's furthest position; `entries` gets the batch's entries (ledger,
         entry) in the order they came."""
         sub = self.sub
-        max_delay_ms, prefixes = sub.max_delay_ms, sub.allowed_target_prefixes
+        max_delay_ms, prefixes, target_check = sub.max_delay_ms, sub.allowed_target_prefixes, sub.target_check
         adds: List[DelayedMessage] = []
         others: List[Pending] = []
         add = adds.append
@@ -173,7 +174,7 @@ class SchedulingConsumer:
                 payload=payload, properties=props, key=msg.partition_key() or None,
                 event_time=msg.event_timestamp(),
                 position=(ledger, entry, mid.partition(), mid.batch_index()),
-                now_ms=now, max_delay_ms=max_delay_ms, allowed_target_prefixes=prefixes,
+                now_ms=now, max_delay_ms=max_delay_ms, allowed_target_prefixes=prefixes, target_check=target_check,
             )
             if type(item) is DelayedMessage:
                 add(item)
