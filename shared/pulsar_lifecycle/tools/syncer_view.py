@@ -249,8 +249,8 @@ def inspect_syncer(spec: Any, client: pulsar.Client, state: Optional[StateStore]
     producers = {k: f"{prefix}-p{k}" for k in range(n)}
     watermarks = handled_positions(store, producers)
     for dest in dests:  # each one's tail is read only when it holds messages
-        for k, seq in forwarded_watermarks(client, store, dest, producers, timeout_s, tail=dest in holding).items():
-            watermarks[k] = max(watermarks.get(k, 0), seq)
+        for k, top in forwarded_watermarks(client, store, dest, producers, timeout_s, tail=dest in holding).items():
+            watermarks[k] = max(watermarks.get(k, 0), top)
     admin = AdminView.connect(admin_url, 60.0, access=admin_access) if admin_url else None
     try:
         for k in range(n):
