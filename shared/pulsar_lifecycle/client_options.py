@@ -25,7 +25,7 @@ from .runtime.client_conf import (
     settings_for,
 )
 
-__all__ = ["admin_access", "client_options", "client_settings", "conf_default"]
+__all__ = ["client_options", "client_settings", "conf_default"]
 
 _META = "pulsar_lifecycle.client_options"
 
@@ -100,16 +100,3 @@ def client_settings(service_url: Optional[str]) -> ClientSettings:
                         tls_allow_insecure=opts.get("tls_allow_insecure") or None, conf=conf,
                         conf_source=str(Path(source)) if source else "client.conf")
 
-
-def admin_access(admin_url: str, settings: ClientSettings) -> Any:
-    """How the command reaches the admin REST API at `admin_url` (`--admin-url`, or the
-    client.conf's webServiceUrl): the client settings' token as a Bearer token, their CA
-    (`--tls-trust-cert-path`, tlsTrustCertsFilePath) or `--tls-allow-insecure`, and the role the
-    token names for a refusal's one line (a deletion.admin.AdminAccess)."""
-    # Function-level imports: the admin adapter pulls in requests, which most commands never use.
-    from .deletion.admin import AdminAccess
-    from .runtime.client_conf import token_of, token_role
-
-    token, role = token_of(settings), token_role(settings)
-    who = f"role {role!r}" if role else ("a token" if token else "no token")
-    return AdminAccess(admin_url.rstrip("/"), token, settings.tls_trust_cert_path, settings.tls_allow_insecure, who)

@@ -57,6 +57,13 @@ class AdminAccess:
     insecure: bool = False
     who: str = ""
 
+    @classmethod
+    def of_client(cls, url: str, *, token: Optional[str], role: Optional[str], ca_path: Optional[str],
+                  insecure: bool) -> "AdminAccess":
+        """The access of a command's client settings: their token, the role it names, their CA."""
+        who = f"role {role!r}" if role else ("a token" if token else "no token")
+        return cls(url.rstrip("/"), token, ca_path, insecure, who)
+
     @property
     def caller(self) -> str:
         """Who asks, for a refusal's message."""
@@ -70,10 +77,15 @@ class AdminAccess:
         """A pooled requests.Session verifying https:// answers against `ca_path` (or not at all
         when `insecure`)."""
         session = pooled_session(pool_size)
-        if self.insecure:
-            session.verify = False
-        elif self.ca_path:
-            session.verify = self.ca_path
+        if not (self.insecure or self.ca_path):
+            return session  # the system CAs, or REQUESTS_CA_BUNDLE as requests reads it
+        session.verify = False if self.insecure else self.ca_path
+        # The given CA wins over REQUESTS_CA_BUNDLE / CURL_CA_BUNDLE, which requests would
+        # otherwise put first; the environment's proxies for the URL are kept.
+        import requests.utils
+
+        session.trust_env = False
+        session.proxies.update(requests.utils.get_environ_proxies(self.url))
         return session
 
     def check(self, status: int, method: str, path: str, text: str) -> None:

@@ -338,12 +338,15 @@ def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_dela
                   scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
     from ..cli_args import check_http_url
-    from ..client_options import admin_access, client_settings
-    from .admin import PulsarAdminClient
+    from ..client_options import client_settings
+    from ..runtime.client_conf import token_of, token_role
+    from .admin import AdminAccess, PulsarAdminClient
     from .operator import enqueue_topic_ledgers
 
     admin_url = check_http_url("--admin-url", admin_url) or admin_url
-    access = admin_access(admin_url, client_settings(opts.get("service_url")))
+    settings = client_settings(opts.get("service_url"))
+    access = AdminAccess.of_client(admin_url, token=token_of(settings), role=token_role(settings),
+                                   ca_path=settings.tls_trust_cert_path, insecure=settings.tls_allow_insecure)
     try:
         TopicRef.parse(topic)
     except InvalidRequestError as exc:

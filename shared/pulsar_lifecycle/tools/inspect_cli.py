@@ -13,7 +13,7 @@ import click
 from rich.console import Console
 
 from ..cli_args import check_http_url, check_service_url, connect_timeout_option
-from ..client_options import admin_access, client_options, client_settings, conf_default
+from ..client_options import client_options, client_settings, conf_default
 from ..clock import wall_clock_ms
 from ..local_paths import absolute_path
 
@@ -70,6 +70,16 @@ def _connection_options(f: Any) -> Any:
     f = click.option("--limit", type=click.IntRange(min=1), default=100_000, show_default=True,
                      help="Most messages a Reader counts per topic.")(f)
     return f
+
+
+def _admin_access(admin_url: str, settings: Any) -> Any:
+    """How this command reaches the admin REST API: the client settings' token (as a Bearer
+    token) and CA, and the token's role for a refusal's one line."""
+    from ..deletion.admin import AdminAccess
+    from ..runtime.client_conf import token_of, token_role
+
+    return AdminAccess.of_client(admin_url, token=token_of(settings), role=token_role(settings),
+                                 ca_path=settings.tls_trust_cert_path, insecure=settings.tls_allow_insecure)
 
 
 @click.group("inspect")
@@ -132,7 +142,7 @@ def inspect_syncer_cmd(config_file: str, service_url: str, admin_url: Optional[s
     state = open_state_reader(spec, Path(data_dir), state_url)
     try:
         settings = client_settings(service_url)
-        access = admin_access(admin, settings) if admin else None
+        access = _admin_access(admin, settings) if admin else None
         client = open_client(settings, connect_timeout)
         try:
             # exact: every partition asked for its end (the status view's look skips empty ones)
@@ -167,7 +177,7 @@ def inspect_deletion_cmd(config_file: str, service_url: str, admin_url: Optional
     check_service_url("--service-url", service_url)
     admin = check_http_url("--admin-url", admin_url)
     settings = client_settings(service_url)
-    access = admin_access(admin, settings) if admin else None
+    access = _admin_access(admin, settings) if admin else None
     client = open_client(settings, connect_timeout)
     try:
         report = inspect_deletion(spec, client, tenant=tenant, admin_url=admin, admin_access=access, count_limit=limit)
