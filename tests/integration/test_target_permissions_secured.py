@@ -125,3 +125,27 @@ def test_a_role_gets_nothing_released_where_it_may_not_produce(secured_pulsar, t
         for c in (alice, bob, admin):
             c.close()
         runner.stop()
+
+
+def test_with_the_check_off_the_writer_is_the_deputy_it_was(secured_pulsar, tmp_path, unique) -> None:
+    """targetPermissionCheck=off is the writer before the check: alice, refused on X by the broker,
+    has her scheduled message released into X with the writer's (super user's) role. The abuse the
+    test above shows refused."""
+    sa = secured_pulsar
+    spec, sched = writer_spec(unique, tmp_path, targetPermissionCheck="off", tickMode="runner")
+    x = f"persistent://public/default/x-{unique}"
+    grant(sa, sched, "alice", ["produce"])
+    _put_ignoring_conflict(sa, "/admin/v2/persistent/" + x.replace("persistent://", ""))
+    runner = LocalRunner(spec, LocalRunOptions(broker_service_url=sa.service_url_tls, client=_settings(sa, sa.super_user),
+                                               data_dir=tmp_path / "run")).start()
+    alice = open_client(_settings(sa, "alice"), 10.0)
+    admin = open_client(_settings(sa, sa.super_user), 10.0)
+    try:
+        with pytest.raises(PermissionRefused):
+            alice.create_producer(x)
+        _schedule(alice, sched, x, b"alice-to-x")
+        assert _bodies(receive_messages(admin, x, "check", 1, 60)) == [b"alice-to-x"]
+    finally:
+        for c in (alice, admin):
+            c.close()
+        runner.stop()
