@@ -48,6 +48,7 @@ PULSAR_SUITE = frozenset({
     "test_broker_quirks", "test_bucket_writer", "test_bucket_writer_clock", "test_cancel_outcome", "test_dedup_publisher",
     "test_delay_level_function", "test_delay_level_syncer", "test_deletion_cli", "test_deletion_real_pulsar",
     "test_deletion_worker", "test_demo", "test_deploy_example", "test_index_identity", "test_localrun",
+    "test_pulsar_localrun",
     "test_snapshot_two_phase_deletion", "test_table_service_real_pulsar", "test_writer_paced_start",
     "test_writer_partitions", "test_writer_wake",
 })

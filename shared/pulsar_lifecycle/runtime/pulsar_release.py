@@ -134,9 +134,14 @@ _SETTINGS = """<settings xmlns="http://maven.apache.org/SETTINGS/1.0.0">
 """
 
 
-def _cached(home: Path) -> Optional[List[str]]:
+def _cached(home: Path, pom: str) -> Optional[List[str]]:
+    """The cached classpath of `home`, or None when it is missing, incomplete or was resolved
+    from another POM than `pom` (resolved again then; the jars it has stay in its m2/)."""
     cp_file = home / "classpath.txt"
     if not cp_file.is_file():
+        return None
+    pom_file = home / "pom.xml"
+    if pom_file.is_file() and pom_file.read_text() != pom:
         return None
     jars = [p for p in cp_file.read_text().strip().split(os.pathsep) if p]
     if not jars or not all(Path(j).is_file() for j in jars):
@@ -180,7 +185,16 @@ LOCAL_RUNNER_DEPENDENCY = ("    <dependency><groupId>org.apache.pulsar</groupId>
                            "<version>{version}</version><exclusions><exclusion><groupId>org.apache.pulsar</groupId>"
                            "<artifactId>jetcd-core-shaded</artifactId></exclusion></exclusions></dependency>\n")
 # jetcd-core-shaded (the etcd metadata store's client) is not on Maven Central as a jar, and a
-# local runner talking to a broker does not use it.
+# local runner talking to a broker does not use it. Two of what Maven picks (nearest wins) are
+# pinned: the local runner brings log4j-api 2.23.1, which beside log4j-core 2.24.3 fails every
+# command at start (NoSuchFieldError: INSTANCE in LoggerContext), and protobuf-java 3.22.0, older
+# than the 3.25 its pulsar-functions-proto classes were generated with (NoClassDefFoundError:
+# com/google/protobuf/MapFieldReflectionAccessor as LocalRunner reads the function config).
+LOCAL_RUNNER_PROTOBUF = "3.25.8"
+LOCAL_RUNNER_PINS = ("    <dependency><groupId>org.apache.logging.log4j</groupId><artifactId>log4j-api</artifactId>"
+                     "<version>{log4j}</version></dependency>\n"
+                     "    <dependency><groupId>com.google.protobuf</groupId><artifactId>protobuf-java</artifactId>"
+                     "<version>{protobuf}</version></dependency>\n")
 
 
 def resolve_local_runner(progress: bool = True) -> PulsarRelease:
@@ -190,7 +204,8 @@ def resolve_local_runner(progress: bool = True) -> PulsarRelease:
     from it."""
     version = CLIENT_TOOLS_VERSION
     pom = _CLIENT_TOOLS_POM.format(version=version, jackson=CLIENT_TOOLS_JACKSON, log4j=LOG4J_VERSION,
-                                   extra=LOCAL_RUNNER_DEPENDENCY.format(version=version))
+                                   extra=LOCAL_RUNNER_DEPENDENCY.format(version=version)
+                                   + LOCAL_RUNNER_PINS.format(log4j=LOG4J_VERSION, protobuf=LOCAL_RUNNER_PROTOBUF))
     return _resolve_set(f"pulsar-localrun-{version}", pom, f"pulsar-admin functions localrun {version}", version,
                         "about 160 MB", progress)
 
@@ -198,13 +213,13 @@ def resolve_local_runner(progress: bool = True) -> PulsarRelease:
 def _resolve_set(folder: str, pom: str, what: str, version: str, size: str, progress: bool) -> PulsarRelease:
     """One artifact set's classpath in cache_root()/folder, resolved with Maven the first time."""
     home = cache_root() / folder
-    jars = _cached(home)
+    jars = _cached(home, pom)
     if jars:
         return PulsarRelease(version, home, jars)
     home.mkdir(parents=True, exist_ok=True)
     with open(home / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a parallel first run resolves; we then use its result
-        jars = _cached(home)
+        jars = _cached(home, pom)
         if jars:
             return PulsarRelease(version, home, jars)
         mvn = shutil.which("mvn")
@@ -216,7 +231,10 @@ def _resolve_set(folder: str, pom: str, what: str, version: str, size: str, prog
         cp_tmp = home / "classpath.txt.tmp"
         cmd = [mvn, "-B", "-q", "-s", str(home / "settings.xml"), f"-Dmaven.repo.local={home / 'm2'}",
                "dependency:build-classpath", f"-Dmdep.outputFile={cp_tmp}", "-Dmdep.includeScope=runtime"]
-        if progress:
+        if progress and (home / "classpath.txt").is_file():
+            log.warning("event=pulsar_resolving what=%r cache=%s hint='resolved before from another POM: Maven "
+                        "resolves it again, downloading only what its cache lacks'", what, home)
+        elif progress:
             log.warning("event=pulsar_resolving what=%r cache=%s hint='first run on this machine: Maven "
                         "downloads %s from Maven Central once'", what, home, size)
         t0 = time.monotonic()
