@@ -61,6 +61,7 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
         "pulsar_lifecycle.spark",
         "pulsar_lifecycle.deletion.cli",
         "pulsar_lifecycle.cli_args",
+        "pulsar_lifecycle.client_options",
         "pulsar_lifecycle.tools",
     )),
 )

@@ -113,6 +113,9 @@ class FakeMessage:
     def event_timestamp(self) -> int:
         return 0
 
+    def publish_timestamp(self) -> int:
+        return 0  # unknown: the gap read logs it as just published
+
 
 class FakeReader:
     def __init__(self, messages: List[FakeMessage], start: Tuple[int, int]) -> None:
