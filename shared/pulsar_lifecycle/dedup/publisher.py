@@ -166,23 +166,6 @@ class DedupPublisher:
         for ch in list(self._channels.values()):
             ch.on_landed = sink
 
-    def discard(self, topic: str) -> None:
-        """Forget the channel of `topic` (a plain topic or one partition), failed or not, and
-        close its producer: the next publish to it opens it again, recovering its map from the
-        snapshot and the topic's tail (what really reached the topic). For a caller that retries
-        after a send failed, which leaves the channel refusing publishes."""
-        full = normalize_topic(topic)
-        with self._lock:
-            ch = self._channels.pop(full, None)
-        if ch is None:
-            return
-        if ch.producer is not None:
-            try:
-                ch.producer.close()
-            except Exception as exc:  # a producer that failed may not close cleanly; it is dropped either way
-                log.debug("event=dedup_discard_close_failed topic=%s error=%r", full, exc)
-        log.info("event=dedup_channel_discarded topic=%s producer=%s failed=%r", full, self.producer_name, ch.failed)
-
     # -- opening and recovery --------------------------------------------------------------
 
     def open(self, topic: str) -> int:

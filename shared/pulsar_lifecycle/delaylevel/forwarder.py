@@ -770,7 +770,7 @@ class PartitionForwarder:
         for dest in dests:
             seen = self.publisher.persisted_seq(dest)
             self._known_persisted[dest] = max(self._known_persisted.get(dest, -1), seen)
-            self.publisher.discard(dest)
+            self.publisher.reset(dest)
 
     def _dead_letter_run(self, topic: str, run: List[_Held], reason: str) -> Tuple[List[Outcome], List[str]]:
         """Send the messages of `run` that did not reach `topic` to the dead-letter topic, with

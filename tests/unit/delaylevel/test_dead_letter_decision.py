@@ -83,7 +83,7 @@ class FakePublisher:
     def flush(self, timeout_s: Optional[float] = None) -> None:
         pass
 
-    def discard(self, topic: str) -> None:
+    def reset(self, topic: str) -> None:
         pass
 
 
