@@ -106,6 +106,10 @@ class WriterConfig:
         'releaseBatchSize', 1000,
         'Releases taken from the index per round.',
         minimum=1)
+    release_rounds_in_flight: int = setting(
+        'releaseRoundsInFlight', 4,
+        'Release rounds sent and not yet confirmed by the broker before the release thread waits: the next round is popped and sent while up to this many wait for their confirmations (the release watermark still only passes confirmed rounds). 1 = one round at a time.',
+        minimum=1)
     commit_interval_millis: int = setting(
         'commitIntervalMillis', 100,
         'How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them).',

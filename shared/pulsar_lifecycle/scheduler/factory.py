@@ -167,7 +167,10 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         engine = BucketIndex(storage, bucket_cfg, on_snapshot_obsolete=deleter)
         client = pulsar_client(context)
         dedup_state = ContextStateStore(context, prefix=names.state_prefix)
-        publisher = DedupPublisher(client, names.producer_name, dedup_state, key_hashing=cfg.key_hashing)
+        # The producers' queue holds every round the release pipeline may have in flight, so their
+        # back-pressure never serializes the rounds (docs/architecture.md, "Release pipeline").
+        publisher = DedupPublisher(client, names.producer_name, dedup_state, key_hashing=cfg.key_hashing,
+                                   max_pending_messages=max(1000, cfg.release_batch_size * cfg.release_rounds_in_flight))
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
         identity = check_index_identity(storage, dedup_state,

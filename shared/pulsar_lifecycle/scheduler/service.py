@@ -9,7 +9,9 @@ Threads:
   each scheduling message and queues it;
 - the release thread sleeps until the next deliver-at time, pops due items in release-key order,
   publishes them through the dedup publisher with the engine's sequence ids and commits the
-  release watermark once the broker confirmed everything up to it.
+  release watermark once the broker confirmed everything up to it. Rounds are pipelined: the
+  next round is popped, encoded and sent while up to `releaseRoundsInFlight` earlier rounds
+  wait for their confirmations; only the watermark waits for them.
 A crash anywhere re-derives the same (item, seq) pairs after the last commit and the dedup
 publisher drops the ones already on the topic: nothing lost, nothing twice.
 """
@@ -238,6 +240,12 @@ class SchedulerService:
         # [seq, destination, OutMessage]; the destination is the target (a plain topic), a
         # partition of it, HELD while its target is held, or a _DeadDest once dead-lettered.
         self._outstanding: Deque[Any] = deque()
+        # The release pipeline (release thread only): per round sent and not yet confirmed, oldest
+        # first, the highest sequence id it sent to each destination; and the round being sent.
+        # At releaseRoundsInFlight of them the thread waits for the oldest before popping more.
+        self._in_flight: Deque[Dict[str, int]] = deque()
+        self._round_sent: Dict[str, int] = {}
+        self.window_waits = 0
         # Targets whose releases go out now (opened); the others are held while they open.
         self._ready: set = set()
         self._health = TargetHealth(config.target_retry_seconds * 1000, seq_of=lambda item: item[0][0])
@@ -457,11 +465,16 @@ class SchedulerService:
         last_commit = time.monotonic()
         last_metrics = 0.0
         while not self._stop.is_set():
-            releases = self.engine.pop_due(self.clock(), self.config.release_batch_size)
+            # Popped only with room in the pipeline: a full one waits (bounded) for its oldest round.
+            full = self._window_full()
+            releases = self.engine.pop_due(self.clock(), self.config.release_batch_size) if not full else []
             if releases:
                 self._publish_round(releases)
             if self._opening or self._health:
                 self._tend_targets()
+            if self._round_sent:
+                self._in_flight.append(self._round_sent)
+                self._round_sent = {}
             now = time.monotonic()
             if now - last_commit >= self.config.commit_interval_millis / 1000.0:
                 self._advance_commit()
@@ -470,6 +483,9 @@ class SchedulerService:
                 self._expire_unknown_cancels()
                 self._record_metrics()
                 last_metrics = now
+            if full:
+                self._wait_oldest_round()
+                continue
             if releases:
                 continue
             nxt = self.engine.next_release_time()
@@ -485,6 +501,47 @@ class SchedulerService:
             if wait > 0:
                 with self._wake:
                     self._wake.wait(wait)
+
+    def _window_full(self) -> bool:
+        """Drop the confirmed rounds from the pipeline's head; True while releaseRoundsInFlight
+        rounds are still unconfirmed. A destination whose channel failed no longer counts: its
+        unconfirmed releases are held (_hold_failed_sends) and sent again, a round of their own."""
+        in_flight = self._in_flight
+        if len(in_flight) < self.config.release_rounds_in_flight:
+            return False
+        failed: Optional[Dict[str, str]] = None
+        while in_flight:
+            head = in_flight[0]
+            for dest in list(head):
+                if self._persisted_of(dest) >= head[dest]:
+                    del head[dest]
+                    continue
+                if failed is None:
+                    failed = self.publisher.failed_topics()
+                if dest in failed:
+                    del head[dest]
+            if head:
+                break
+            in_flight.popleft()
+        return len(in_flight) >= self.config.release_rounds_in_flight
+
+    def _wait_oldest_round(self) -> None:
+        """Wait (at most one commit interval) for the oldest unconfirmed round's next destination.
+        A failed send or the timeout ends the wait: the loop holds the failed target, commits and
+        tends the held ones, then looks again."""
+        self.window_waits += 1
+        head = self._in_flight[0]
+        dest = next(iter(head))
+        if dest not in self.publisher.topics():  # closed for a re-open: held, sent again later
+            del head[dest]
+            return
+        try:
+            self.publisher.wait_persisted(dest, head[dest], timeout_s=self.config.commit_interval_millis / 1000.0)
+        except LeaseLostError:
+            raise
+        except Exception as exc:  # TimeoutError, or the channel failed: handled by the loop
+            log.debug("event=release_window_wait_ended dest=%s seq=%d rounds_in_flight=%d reason=%r", dest,
+                      head[dest], len(self._in_flight), exc)
 
     def _publish_round(self, releases: List[Release]) -> None:
         """Publish one round of releases, grouped per target topic (seqs stay increasing per topic)."""
@@ -568,6 +625,7 @@ class SchedulerService:
                 self.publisher.publish_many(dest, group, properties_owned=True)
                 sent += 1
                 self.released += len(group)
+                self._round_sent[dest] = group[-1].sequence_id
             return True
         except LeaseLostError:
             raise
