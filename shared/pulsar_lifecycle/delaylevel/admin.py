@@ -62,11 +62,13 @@ class AdminView:
 
     @classmethod
     def connect(cls, url: str, ttl_seconds: float, timeout: float = 10.0,
-                access: Optional[AdminAccess] = None) -> "AdminView":
-        """A view over the admin REST API at `url`; `access` (a command's): its token and CA, and
-        a 401/403 raises AdminRefused naming the URL and the caller."""
+                access: Optional[AdminAccess] = None, token: Optional[str] = None) -> "AdminView":
+        """A view over the admin REST API at `url`; `token` (the function's `adminTokenSecret`)
+        is sent as a Bearer token; `access` (a command's): its token and CA, and a 401/403 raises
+        AdminRefused naming the URL and the caller."""
         if access is None:
-            return cls(HttpEndpoints([url], timeout=timeout), ttl_seconds)
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            return cls(HttpEndpoints([url], timeout=timeout, headers=headers), ttl_seconds)
         view = cls(HttpEndpoints([url], timeout=timeout, headers=access.headers(), session=access.session()),
                    ttl_seconds)
         view.access = access

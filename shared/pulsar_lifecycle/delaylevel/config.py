@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
-from ..config.settings import check_settings, parse_settings, setting, user_config_keys
+from ..config.settings import check_settings, parse_settings, setting, to_str, user_config_keys
 from ..config.system import FOR_OPERATORS, FunctionTopology, Write, config_inputs, function_name
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
 from ..dedup.publisher import normalize_topic
@@ -97,7 +97,19 @@ class SyncerConfig:
         minimum=0)
     pulsar_admin_url: str = setting(
         'pulsarAdminUrl', '',
-        'http(s)://broker:8080 for the checks that need the admin API (target existence, retention policies, writer backlog); empty = skipped.')
+        'http(s)://broker:8080 for the checks that need the admin API (target existence, retention policies, writer backlog, `targetPermissionCheck`); empty = skipped.')
+    target_permission_check: str = setting(
+        'targetPermissionCheck', 'auto',
+        "Forward to a target only what every role that may produce to the delay-level topic may produce there itself (tenant admins included, super users aside; the writer's rule, scheduler/target_permissions.py): a parked message whose `__pl_target__` fails goes to `<delay-level topic>-DLQ` with `__pl_error__` naming the roles that lack produce on it and is acked, never forwarded. Grants are read from the admin API at `pulsarAdminUrl` with the token in `adminTokenSecret`. `auto`: on when `pulsarAdminUrl` is set and the broker refuses an anonymous admin read (authentication on); off on pulsar-lite or an open broker. `on`: always (needs `pulsarAdminUrl`). `off`: never (docs/security.md).",
+        choices=('auto', 'on', 'off'))
+    target_permission_cache_seconds: int = setting(
+        'targetPermissionCacheSeconds', 60,
+        "How long the grants read for targetPermissionCheck (and the decisions on them) are kept before they are read again; a grant or revocation takes effect within this time.",
+        minimum=0)
+    admin_token_secret: Optional[str] = setting(
+        'adminTokenSecret', None,
+        "Name of a function secret holding a Bearer token for the admin API (the writer's and the LedgerDeletionWorker's key), sent with every admin call of the syncer: a tenant admin of the delay-level topic's and the targets' tenants, or a super user.",
+        convert=to_str)
     target_cache_seconds: int = setting(
         'targetCacheSeconds', 600,
         "How long a namespace's topic list from the admin API is cached.",

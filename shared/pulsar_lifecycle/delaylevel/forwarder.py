@@ -122,6 +122,11 @@ class ForwardPolicy:
     # How long a forward the target refuses is retried (with backoff) before it is dead-lettered
     # with the reason (forwardRetrySeconds).
     retry_s: float = 60.0
+    # targetPermissionCheck: why a forward to a target is refused (the roles that may produce to the
+    # delay-level topic but not to it), None when allowed; None = no check. May raise
+    # PermissionsUnavailable (the admin API cannot answer now): the forwarder fails, nothing is
+    # acked, and the rebuilt syncer asks again.
+    target_refusal: Optional[Callable[[str], Optional[str]]] = None
 
 
 @dataclass
@@ -928,6 +933,8 @@ class PartitionForwarder:
             reason = f"malformed parked message: {held.error}"
         elif self.policy.target_exists is not None and not self.policy.target_exists(parked.target):
             reason = f"business topic {parked.target} does not exist (deleted while the message was parked)"
+        elif self.policy.target_refusal is not None:
+            reason = self.policy.target_refusal(parked.target) or ""
         else:
             reason = ""
         if reason:

@@ -28,6 +28,7 @@ from .follow import find_forward
 from .forwarder import ForwardPolicy, PartitionForwarder, position_of
 from .landed import LandedForwards
 from .order import Pos
+from .permissions import SyncerTargetCheck
 from .rule import CANCEL_PARTITION_PROP, cancel_topic, partition_topic, sequence_id
 from .slots import ForwardSlots
 from .trail import Checkpoint, ForwardTrail, TrailFormatError
@@ -124,8 +125,9 @@ class DelayLevelSyncerService:
     def __init__(self, cfg: SyncerConfig, client: pulsar.Client, *, subscription: str, producer_prefix: str,
                  state: StateStore, record_metric: Callable[[str, float], None],
                  admin: Optional[AdminView] = None, instance: int = 0, clock: Clock = wall_clock_ms,
-                 num_instances: Optional[int] = None) -> None:
+                 num_instances: Optional[int] = None, target_check: Optional[SyncerTargetCheck] = None) -> None:
         self.cfg = cfg
+        self.target_check = target_check  # targetPermissionCheck (None: off); closed with the service
         self.client = client
         self.subscription = subscription
         self.producer_prefix = producer_prefix
@@ -244,7 +246,8 @@ class DelayLevelSyncerService:
             target_exists=self._target_exists if (self.admin is not None and cfg.on_missing_target == "dead-letter") else None,
             wait_for_room=self.gate.wait_for_room, clock=self.clock, receiver_queue_size=cfg.receiver_queue_size,
             pipeline_depth=cfg.forward_pipeline_depth, slots=ForwardSlots(cfg.forward_concurrency),
-            retry_s=float(cfg.forward_retry_seconds))
+            retry_s=float(cfg.forward_retry_seconds),
+            target_refusal=self.target_check.refusal if self.target_check is not None else None)
         try:
             if self._policy.near_term_topic is not None:
                 near = self._policy.near_term_topic
@@ -721,3 +724,5 @@ class DelayLevelSyncerService:
             self._tombstones.close()
         if self.admin is not None:
             self.admin.close()
+        if self.target_check is not None:
+            self.target_check.close()
