@@ -11,7 +11,7 @@ from typing import Any, Optional, Tuple
 import click
 
 from ..cli_args import check_service_url
-from ..client_options import client_options, client_settings
+from ..client_options import client_options, client_settings, conf_default
 from ..local_paths import absolute_path
 from ..logging_setup import log_to_file
 
@@ -25,9 +25,10 @@ log = logging.getLogger(__name__)
               callback=absolute_path, help="Run these configs instead of --config-dir's (repeatable).")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=".pulsar-lifecycle", show_default=True,
               callback=absolute_path, help="Broker data, function state and bucket snapshots; a restart with it continues.")
-@click.option("--broker-service-url", default=None,
+@click.option("--broker-service-url", default=conf_default("brokerServiceUrl"),
               help="pulsar:// or pulsar+ssl:// URL of an external broker, reached with the connection options "
-                   "below; omitted = start the embedded pulsar-lite broker.")
+                   "below; omitted = `brokerServiceUrl` of the client.conf (--client-conf, $PULSAR_CLIENT_CONF), "
+                   "as the other commands take it; neither = start the embedded pulsar-lite broker.")
 @client_options
 @click.option("--state-storage-service-url", default=None,
               help="bk://host:4181 for the function state; omitted = the directory store in --data-dir.")
