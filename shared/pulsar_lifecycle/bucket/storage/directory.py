@@ -34,9 +34,9 @@ import struct
 import threading
 import zlib
 from pathlib import Path
-from typing import IO, BinaryIO, List, Optional, Sequence, Tuple
+from typing import IO, BinaryIO, Dict, List, Optional, Sequence, Tuple
 
-from ...durable import DurableFile, append_durably, atomic_write, fsync_dir, tmp_name, truncate_durably
+from ...durable import DurableFile, atomic_write, fsync_dir, fsync_fd, tmp_name, truncate_durably, write_all
 from .base import (
     SnapshotNotFoundError,
     StorageError,
@@ -129,11 +129,22 @@ class DirectorySnapshotStorage:
         except OSError as exc:
             raise StorageError(f"cannot create bucket snapshot directory {self.root}: {exc}") from exc
         self._lock = threading.Lock()  # bucket-id counter
-        self._jlock = threading.Lock()  # journal
+        self._jlock = threading.Lock()  # journal: opening, writing, cutting, closing
         self._last_id: Optional[int] = None
         self._jfd: Optional[int] = None
         self._jnext = 1
         self._jfloor = 0
+        # Group commit (journal_append): `_jsize` bytes of generation `_jgen` (one per open of the
+        # journal) are written, `_jdurable` of them fdatasynced. `_jsync` guards those three and
+        # `_jsyncing` (a leader's fdatasync is running); `_jfd_lock` keeps the fd open during it.
+        self._jsync = threading.Condition(threading.Lock())
+        self._jfd_lock = threading.Lock()
+        self._jsyncing = False
+        self._jgen = 0
+        self._jsize = 0
+        self._jdurable = 0
+        self._jfailed: Dict[int, BaseException] = {}  # generation -> the error that ended it
+        self.journal_fdatasyncs = 0  # how many the appends made (tests, benchmarks)
         self._journal_path = self.root / "journal.log"
 
     def __repr__(self) -> str:
@@ -317,25 +328,103 @@ class DirectorySnapshotStorage:
                 logger.warning("event=journal_torn_tail_dropped path=%s records=%d bytes=%d", self._journal_path,
                                len(records), self._journal_path.stat().st_size - end)
                 truncate_durably(self._journal_path, end)
-            self._jfd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
+            fd = os.open(self._journal_path, os.O_WRONLY | os.O_APPEND)
+            try:
+                size = os.fstat(fd).st_size  # the header alone for a new journal (`end` was 0)
+            except OSError:
+                os.close(fd)
+                raise
         except OSError as exc:
             raise StorageError(f"directory storage {self.root}: cannot open journal: {exc}") from exc
+        with self._jsync:
+            # Everything in the file now is durable: it was fsynced by whoever wrote it (the
+            # rewrite, the cut-back) or by the appends of the previous generation.
+            self._jfd = fd
+            self._jgen += 1
+            self._jsize = self._jdurable = size
         self._jfloor = floor
         self._jnext = max([floor] + [r for r, _ in records]) + 1
-        return self._jfd
+        return fd
 
     def journal_append(self, record: bytes) -> int:
+        """Append one record and return its id once it is durable (group commit).
+
+        The write happens under the journal lock; the fdatasync after it does not. Whoever finds
+        no fdatasync running becomes the leader and syncs everything written so far; appends
+        written meanwhile wait for it and then share the next one. So N threads appending at once
+        pay about one fdatasync per round instead of N, and no append returns (no caller acks)
+        before an fdatasync that began after its write has succeeded. A failed fdatasync fails
+        every append it covered: the journal is cut back to its durable size and reopened."""
         with self._jlock:
             fd = self._open_journal()
             rid = self._jnext
+            packed = self._pack_record(rid, bytes(record))
+            gen, start = self._jgen, self._jsize
             try:
-                append_durably(fd, self._pack_record(rid, bytes(record)), self._journal_path)
+                write_all(fd, packed, self._journal_path)
             except OSError as exc:
-                # append_durably cut the record back off; reopening re-checks the tail anyway.
-                self._close_journal()
+                self._cut_back_locked(gen, exc)
                 raise StorageError(f"directory storage {self.root}: journal append failed: {exc}") from exc
             self._jnext = rid + 1
-            return rid
+            end = start + len(packed)
+            with self._jsync:
+                self._jsize = end
+        self._wait_durable(gen, end)
+        return rid
+
+    def _wait_durable(self, gen: int, end: int) -> None:
+        """Return once byte `end` of generation `gen` is durable, leading an fdatasync when none
+        runs; raise StorageError once the generation failed. After a failed fdatasync nobody
+        syncs that generation again (a retry may succeed on pages the kernel already dropped)."""
+        while True:
+            with self._jsync:
+                while True:
+                    failed = self._jfailed.get(gen)
+                    if failed is not None:
+                        raise StorageError(f"directory storage {self.root}: journal append failed: {failed}") \
+                            from failed
+                    if self._jgen != gen or self._jdurable >= end:
+                        return  # durable, or closed/rewritten: both fsync what was written
+                    if not self._jsyncing:
+                        break
+                    self._jsync.wait()
+                self._jsyncing = True
+                target = self._jsize
+            error: Optional[BaseException] = None
+            try:
+                with self._jfd_lock:
+                    if self._jgen == gen and self._jfd is not None:
+                        fsync_fd(self._jfd, self._journal_path, data_only=True)
+                        self.journal_fdatasyncs += 1
+            except OSError as exc:
+                error = exc
+            with self._jsync:
+                self._jsyncing = False
+                if error is not None:
+                    self._jfailed.setdefault(gen, error)
+                elif self._jgen == gen:
+                    self._jdurable = max(self._jdurable, target)
+                self._jsync.notify_all()
+            if error is not None:
+                with self._jlock:
+                    self._cut_back_locked(gen, error)
+                raise StorageError(f"directory storage {self.root}: journal append failed: {error}") from error
+
+    def _cut_back_locked(self, gen: int, error: BaseException) -> None:
+        """A write or an fdatasync of generation `gen` failed: cut the journal back to what is
+        durable (ftruncate needs no free space), close it and fail the generation's waiters; the
+        next append reopens it and re-checks the tail."""
+        if self._jgen != gen or self._jfd is None:
+            return  # another thread already cut this generation back
+        with self._jsync:
+            durable = self._jdurable
+        try:
+            os.ftruncate(self._jfd, durable)
+            os.fsync(self._jfd)
+        except OSError as exc:
+            # The reader still cuts a torn tail by its checksum, so this only costs that scan.
+            logger.warning("event=journal_cut_back_failed path=%s error=%r", self._journal_path, exc)
+        self._close_journal(failed=error)
 
     def journal_read(self) -> List[Tuple[int, bytes]]:
         with self._jlock:
@@ -362,13 +451,33 @@ class DirectorySnapshotStorage:
                 raise StorageError(f"directory storage {self.root}: journal truncate failed: {exc}") from exc
             self._open_journal()
 
-    def _close_journal(self) -> None:
-        if self._jfd is not None:
+    def _close_journal(self, failed: Optional[BaseException] = None) -> None:
+        """Close the journal (under `_jlock`): a new generation starts at the next open. Unless
+        the generation `failed`, what its appends wrote is fdatasynced first, so appends still
+        waiting for their group return durable."""
+        if self._jfd is None:
+            return
+        with self._jfd_lock:
+            with self._jsync:
+                pending = self._jsize > self._jdurable
+            if failed is None and pending:
+                try:
+                    fsync_fd(self._jfd, self._journal_path, data_only=True)
+                    self.journal_fdatasyncs += 1
+                except OSError as exc:
+                    failed = exc
             try:
                 os.close(self._jfd)
             except OSError:
                 pass
             self._jfd = None
+            with self._jsync:
+                if failed is not None:
+                    self._jfailed.setdefault(self._jgen, failed)
+                    if len(self._jfailed) > 16:
+                        self._jfailed.pop(min(self._jfailed))
+                self._jgen += 1
+                self._jsync.notify_all()
 
     # -- manifest / cursor --------------------------------------------------------------------
     def _get(self, name: str) -> Optional[bytes]:
