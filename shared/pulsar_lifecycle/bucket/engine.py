@@ -65,7 +65,14 @@ from .records import (
     Release,
     ReleaseKey,
 )
-from .recovery import RecoveryCounters, read_cursor, read_manifest, recover_bucket, replay_journal
+from .recovery import (
+    RecoveryCounters,
+    prefetch_metadata,
+    read_cursor,
+    read_manifest,
+    recover_bucket,
+    replay_journal,
+)
 from .sealing import pulsar_seal_due
 from .segments import CutSegment, cut_segments, snapshot_metadata_bytes
 from .shared_queue import SharedBucketQueue
@@ -195,8 +202,8 @@ class BucketIndex:
             records = self.storage.journal_read()
             orphans = [b for b in self.storage.list_snapshots(self._max_bucket_id)]
             exhausted = []
-            for ref in manifest.refs:
-                bucket = recover_bucket(self.storage, ref, self._committed_key, self._pending, counters)
+            for ref, raw in zip(manifest.refs, prefetch_metadata(self.storage, manifest.refs)):
+                bucket = recover_bucket(self.storage, ref, self._committed_key, self._pending, counters, raw)
                 if bucket is None:
                     exhausted.append((ref.bucket_id, ref.bucket_key))
                     continue

@@ -8,8 +8,9 @@ Each step reads the storage and returns plain records; the index puts them toget
 from __future__ import annotations
 
 from array import array
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Set, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pyroaring import BitMap
 
@@ -113,12 +114,44 @@ def read_manifest(storage: BucketSnapshotStorage, counters: RecoveryCounters) ->
     )
 
 
+# Metadata reads recovery keeps in flight: a BookKeeper table-service read is two round trips
+# (info + entry 0), so 64 buckets read one by one cost 0.24-0.42 s before the first release. A
+# few threads overlap them with the decoding of the buckets already read; the bound keeps the
+# table service (and a small disk) from a burst of one read per bucket.
+METADATA_READ_THREADS = 8
+
+
+def prefetch_metadata(storage: BucketSnapshotStorage, refs: Sequence[Any],
+                      threads: Optional[int] = None) -> Iterator[bytes]:
+    """The metadata (entry 0) of each of `refs`' buckets, in order, read by up to `threads`
+    threads at once while the caller decodes the earlier ones. A read's error is raised when its
+    bucket's turn comes (the reads still running are cancelled or awaited first)."""
+    threads = METADATA_READ_THREADS if threads is None else threads
+    if len(refs) <= 1 or threads <= 1:
+        for ref in refs:
+            yield storage.get_metadata(ref.bucket_id)
+        return
+    pool = ThreadPoolExecutor(max_workers=min(threads, len(refs)), thread_name_prefix="recover-metadata")
+    futures: List[Future] = []
+    try:
+        futures = [pool.submit(storage.get_metadata, ref.bucket_id) for ref in refs]
+        for fut in futures:
+            yield fut.result()
+    finally:
+        for fut in futures:
+            fut.cancel()
+        pool.shutdown(wait=True)
+
+
 def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional[ReleaseKey],
-                   pending: LedgerBitmaps, counters: RecoveryCounters) -> Optional[ImmutableBucket]:
+                   pending: LedgerBitmaps, counters: RecoveryCounters,
+                   raw: Optional[bytes] = None) -> Optional[ImmutableBucket]:
     """One bucket of the manifest, positioned at its first item after `watermark`, its unreleased
-    items added to `pending`; None when every item is at or before the watermark (exhausted)."""
+    items added to `pending`; None when every item is at or before the watermark (exhausted).
+    `raw` is its metadata when already read (prefetch_metadata)."""
     bid = ref.bucket_id
-    raw = storage.get_metadata(bid)
+    if raw is None:
+        raw = storage.get_metadata(bid)
     counters.metadata += 1
     counters.bytes += len(raw)
     meta = parse(SnapshotMetadata, raw, f"bucket {bid} metadata")

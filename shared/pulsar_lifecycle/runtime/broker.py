@@ -63,6 +63,35 @@ def broker_hosts(service_url: str) -> List[Tuple[str, int]]:
     return out
 
 
+_LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1", "0.0.0.0", "::", "ip6-localhost")
+
+
+def is_apache_pulsar(service_url: Optional[str], proc: Path = Path("/proc")) -> bool:
+    """True when `service_url`'s broker is known to be Apache Pulsar, found without a round trip:
+    every host of the URL is this machine and the process listening on its port is a JVM running
+    Pulsar (its command line, read from /proc). A remote broker, a container's proxy or a
+    listener of another user cannot be told apart: False, so the caller keeps what pulsar-lite
+    needs (the consumer-id skip: subscribe.py)."""
+    if not service_url:
+        return False
+    hosts = broker_hosts(service_url)
+    if not hosts:
+        return False
+    for host, port in hosts:
+        if host.lower() not in _LOCAL_HOSTS and not host.startswith("127."):
+            return False
+        try:
+            holder = port_holder(port, proc)
+        except OSError:
+            return False
+        if holder is None or not holder.argv:
+            return False
+        argv = " ".join(holder.argv)
+        if "java" not in holder.argv[0] or "org.apache.pulsar" not in argv:
+            return False
+    return True
+
+
 # How long a command waits for its broker when its --connect-timeout is not given.
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
 

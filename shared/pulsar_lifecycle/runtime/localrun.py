@@ -29,7 +29,7 @@ from ..scheduling_protocol import TICK_PROP
 from ..state import open_state_store
 from ..state.base import StateStore
 from ..subscribe import random_skip, skip_consumer_ids
-from .broker import EmbeddedBroker, lock_holder, wait_for_broker
+from .broker import EmbeddedBroker, is_apache_pulsar, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .connect import check_broker_answers
 from .context import FunctionIdentity, LocalContext
@@ -204,8 +204,10 @@ class LocalRunner:
         if self.options.broker_service_url:
             # A broker this process does not own may still hold a SIGKILLed predecessor's
             # consumers under the ids this client would pick first (pulsar-lite: subscribe.py).
+            # Apache Pulsar drops a closed connection's consumers: no skip (found from /proc, no round trip).
             skip_consumer_ids(client, random_skip(), f"non-persistent://{spec.tenant}/{spec.namespace}/"
-                                                     "pulsar-lifecycle-consumer-ids")
+                                                     "pulsar-lifecycle-consumer-ids",
+                              apache_pulsar=is_apache_pulsar(self.options.broker_service_url))
         parallelism = max(1, int(spec.parallelism or 1))
         total = self.options.num_instances or self.options.instance_id_offset + parallelism
         if total < self.options.instance_id_offset + parallelism:
