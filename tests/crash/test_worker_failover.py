@@ -88,9 +88,9 @@ def _configs(tmp: Path, sa_admin: str, bookie_http: str) -> Dict[str, Tuple[Path
     syncer = load_function_config(REPO / "function-configs" / "delay-level-syncer.yaml")
     syncer["userConfig"] = dict(syncer["userConfig"], partitionBy="SECONDS", unitSeconds=UNIT_S,
                                 messageMaximumDelayTimeSeconds=600, lookaheadMillis=3000, partitionDiscoverySeconds=1,
-                                # The syncer's de-duplicated forwards go to one partition by name
-                                # (its publisher refuses a partitioned topic: dedup is per partition).
-                                schedulingTopic=f"{writer['userConfig']['schedulingTopic']}-partition-0",
+                                # The partitioned topic's base name, as docs/scaling.md deploys it: the
+                                # syncer routes each forward to one partition, de-duplicated per partition.
+                                schedulingTopic=writer["userConfig"]["schedulingTopic"],
                                 schedulingSubscription=f"{writer['tenant']}/{writer['namespace']}/{writer['name']}")
     deleter = load_function_config(REPO / "function-configs" / "ledger-deletion-worker.yaml")
     assert deleter["parallelism"] == DELETION_PARALLELISM, deleter["parallelism"]
