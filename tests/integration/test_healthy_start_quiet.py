@@ -1,10 +1,12 @@
 """A healthy start and a clean stop of the shipped set say nothing at WARNING or above.
 
 `up` runs every shipped function config (function-configs/) as shipped, on a brand-new
-pulsar-lite it starts itself and on a brand-new one given with --broker-service-url (the start
-ticks path of an external broker); the first delayed message ever sent is released, another is
-left pending, and SIGINT stops it. Neither the console nor the log has a WARNING or ERROR line:
-a fresh broker's missing wake tick and a first message's gap read are INFO.
+pulsar-lite it starts itself, on a brand-new one given with --broker-service-url (the start
+ticks path of an external broker) and on a brand-new Apache Pulsar 4.0.0 standalone given the
+same way; the first delayed message ever sent is released, another is left pending, and SIGINT
+stops it. Neither the console nor the log has a WARNING or ERROR line: a fresh broker's missing
+wake tick and a first message's gap read are INFO. (test_pulsar_localrun.py checks the writer's
+instance log under Pulsar's own local runner.)
 """
 from __future__ import annotations
 
@@ -12,18 +14,22 @@ import re
 import signal
 import subprocess
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import pulsar
 import pytest
 
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker, free_port, port_open
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
+from support.broker_fixtures import broker_kinds
 from support.cli import CLI, cli_env, run_cli
 from support.helpers import stop_process, wait_for
 from support.paths import REPO
 
-pytestmark = [pytest.mark.integration, pytest.mark.lite_only("starts brand-new brokers of its own")]
+pytestmark = [pytest.mark.integration]
+NEW_LITE = "starts brand-new pulsar-lite brokers of its own"
+NEW_PULSAR = "starts a brand-new Apache Pulsar standalone of its own"
 ALARM = re.compile(r"\b(WARNING|ERROR|CRITICAL)\b|Traceback")
 
 
@@ -83,11 +89,22 @@ def _run_up(tmp_path: Path, broker_url: Optional[str]) -> Tuple[str, str]:
     return out.read_text(), err.read_text()
 
 
+@pytest.mark.lite_only(NEW_LITE)
 def test_up_on_its_embedded_broker_starts_and_stops_without_a_warning(tmp_path: Path) -> None:
     assert alarms(*_run_up(tmp_path, None)) == []
 
 
+@pytest.mark.lite_only(NEW_LITE)
 def test_up_on_a_brand_new_external_broker_starts_and_stops_without_a_warning(tmp_path: Path) -> None:
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         texts = _run_up(tmp_path, broker.service_url)
     assert alarms(*texts) == []
+
+
+@pytest.mark.pulsar_only(NEW_PULSAR)
+@pytest.mark.skipif("pulsar" not in broker_kinds(), reason=f"not on lite: {NEW_PULSAR}")
+@pytest.mark.timeout(300)
+def test_up_on_a_brand_new_pulsar_standalone_starts_and_stops_without_a_warning(
+        tmp_path: Path, pulsar_factory: Callable[..., PulsarStandalone]) -> None:
+    standalone = pulsar_factory()
+    assert alarms(*_run_up(tmp_path, standalone.service_url)) == []
