@@ -18,14 +18,15 @@ from typing import Dict, List, Tuple
 
 import pulsar
 import pytest
+import yaml
 
-from crash.test_bucket_writer_crash import write_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 from pulsar_lifecycle.timing import now_ms
 from support.broker_fixtures import broker_kinds
 from support.crash_runs import CrashBroker, ReleaseCount, crash_broker, sigkill, start_localrun
 from support.helpers import publish_all, stop_process
+from support.paths import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -36,6 +37,22 @@ SIZES: Dict[str, Tuple[int, int, int]] = {
 }
 BURST_EVERY_MS = 3000
 FIRST_BURST_MS = 3000
+
+
+def write_config(tmp_path: Path, unique: str, **user: object) -> Tuple[Path, str, str]:
+    """The shipped writer config (direct intake) on this test's topics, with `user` settings."""
+    cfg = yaml.safe_load((REPO / "function-configs" / "bucket-snapshot-writer.yaml").read_text())
+    sched = f"persistent://public/default/psched-{unique}"
+    ticks = f"persistent://public/default/pticks-{unique}"
+    out = f"persistent://public/default/preleased-{unique}"
+    cfg["inputSpecs"] = {ticks: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"},
+                         sched: {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe", "receiverQueueSize": 1}}
+    cfg.update(output=out, name=f"pwriter-{unique}", subName=f"pwriter-{unique}")
+    cfg["userConfig"].update(schedulingTopic=sched, schedulingSubscription=f"pwriter-{unique}", tickTopic=ticks,
+                             snapshotDir=str(tmp_path / "snapshots"), tickTimeMillis=200, **user)
+    path = tmp_path / "writer.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path, sched, out
 
 
 def run_killing_mid_release(broker: CrashBroker, config: Path, tmp_path: Path, sched: str, out: str,
