@@ -15,8 +15,8 @@ fi
 # assert counts, not times. Each pass starts its own brokers; both always run. Short tracebacks:
 # a failure shows its assertion and message, not pages of test source.
 status=0
-.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -m timing || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short --durations=15 -m timing || status=$?
 # --dist loadgroup: a module marked xdist_group (the real function worker's) runs on one worker,
 # sharing its standalone; every other test is dealt out as before.
-.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -n "${TEST_WORKERS:-3}" --dist loadgroup -m "not timing" || status=$?
+.venv/bin/python -m pytest -q -p no:cacheprovider --tb=short -n "${TEST_WORKERS:-3}" --dist loadgroup --durations=40 -m "not timing" || status=$?
 exit "$status"

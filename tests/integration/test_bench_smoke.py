@@ -63,6 +63,8 @@ CASES = [
     case("deletion-real_bookie", "bench_deletion.py",
          ["--storage", "pulsar", "--ledgers", "20", "--topics", "2", "--runs", "1", "--concurrency", "2"],
          "median (real bookie", 300, no_pulsar),
+    case("journal_group_commit", "bench_journal_group_commit.py", ["--appends", "40", "--threads", "1,2"],
+         "threads=2 appends=40", 60),
     case("writer_throughput", "bench_writer_throughput.py", ["--messages", "1000", "--runs", "1"],
          "ratio writer/pipe", 240),
     case("writer_lateness", "bench_writer_lateness.py",

@@ -21,9 +21,9 @@ from pulsar_lifecycle.runtime.connect import AuthenticationRefused, TlsRefused, 
 from pulsar_lifecycle.runtime.pulsar_security import AUTH_TOKEN_PLUGIN
 from support.cli import CLI, assert_no_client_log_lines, assert_one_line_error, cli_env, run_cli
 from support.paths import REPO
-from support.secured import grant
+from support.secured import SECURED_GROUP, grant
 
-pytestmark = pytest.mark.pulsar_only("a secured real Pulsar standalone")
+pytestmark = [pytest.mark.pulsar_only("a secured real Pulsar standalone"), pytest.mark.xdist_group(SECURED_GROUP)]
 
 CONFIGS = REPO / "function-configs"
 # Seconds a command may take from start to its one-line refusal (Python and the CLI start

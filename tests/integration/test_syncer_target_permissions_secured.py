@@ -35,9 +35,9 @@ from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.runtime.pulsar_security import AUTH_TOKEN_PLUGIN
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP, TICK_PROP
 from support.paths import REPO
-from support.secured import admin_call, grant
+from support.secured import SECURED_GROUP, admin_call, grant
 
-pytestmark = pytest.mark.pulsar_only("a secured real Pulsar standalone")
+pytestmark = [pytest.mark.pulsar_only("a secured real Pulsar standalone"), pytest.mark.xdist_group(SECURED_GROUP)]
 
 ERROR_PROP = "__pl_error__"
 UNIT_S, MAX_DELAY_S = 2, 20  # 10 delay-level partitions

@@ -33,10 +33,10 @@ from pulsar_lifecycle.runtime.connect import open_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.runtime.pulsar_security import AUTH_TOKEN_PLUGIN
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP, cancel_reply_topic
-from support.secured import admin_call, grant
+from support.secured import SECURED_GROUP, admin_call, grant
 from support.writer import writer_spec
 
-pytestmark = pytest.mark.pulsar_only("a secured real Pulsar standalone")
+pytestmark = [pytest.mark.pulsar_only("a secured real Pulsar standalone"), pytest.mark.xdist_group(SECURED_GROUP)]
 
 DELETION = "persistent://pulsar/system/__ledger_deletion-partition-0"
 ERROR_PROP = "__pl_error__"

@@ -337,6 +337,13 @@ class RealWorker:
         for pid, argv in _instance_processes():
             if "--instance_id" not in argv or argv[argv.index("--instance_id") + 1] != str(instance_id):
                 continue
+            # Only this worker's: another module's worker (an xdist neighbour) may run the same
+            # function names. The process runtime starts instances in the standalone's process group.
+            try:
+                if os.getpgid(pid) != self.standalone.pid:
+                    continue
+            except ProcessLookupError:
+                continue
             if _fqfn_of(argv) == fqfn:
                 found[pid] = argv
         return found

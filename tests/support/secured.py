@@ -1,6 +1,6 @@
 """A secured real Pulsar standalone (registered by tests/conftest.py): TLS, tokens, authorization.
 
-`secured_pulsar` is one standalone per test module (PulsarStandalone(security=SecuritySetup()):
+`secured_pulsar` is one standalone per test session (PulsarStandalone(security=SecuritySetup()):
 a CA and broker certificate for 127.0.0.1, AuthenticationProviderToken, authorizationEnabled,
 super-user role `superuser`). Skipped when the run leaves real Pulsar out (TEST_BROKERS=lite).
 `grant(standalone, topic_or_namespace, role, actions)` grants through the admin REST API over
@@ -48,9 +48,14 @@ def grant_namespace(standalone: PulsarStandalone, namespace: str, role: str,
     admin_call(standalone, "POST", f"/admin/v2/namespaces/{namespace}/permissions/{role}", list(actions))
 
 
-@pytest.fixture(scope="module")
+SECURED_GROUP = "secured-standalone"
+
+
+@pytest.fixture(scope="session")
 def secured_pulsar(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PulsarStandalone]:
-    """A secured standalone for this module (no function worker)."""
+    """A secured standalone for the session (no function worker): its modules share it, and are
+    marked `xdist_group(SECURED_GROUP)` so that one xdist worker runs them all on one standalone.
+    Each test uses topics of its own (`unique`) and grants on those only."""
     if "pulsar" not in broker_kinds():
         pytest.skip("not on pulsar: TEST_BROKERS leaves real Pulsar out")
     p = PulsarStandalone(data_dir=tmp_path_factory.mktemp("secured"), security=SecuritySetup(),

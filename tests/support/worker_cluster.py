@@ -260,8 +260,10 @@ class WorkerCluster:
             if _fqfn_of(argv) != fqfn or "--instance_id" not in argv:
                 continue
             try:
-                who = groups.get(os.getpgid(pid), f"pgid {os.getpgid(pid)}")
+                who = groups.get(os.getpgid(pid))
             except ProcessLookupError:
+                continue
+            if who is None:  # another cluster's (an xdist neighbour running the same function names)
                 continue
             out.setdefault(int(argv[argv.index("--instance_id") + 1]), []).append(who)
         return out
