@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import shutil
 import signal
 import socket
@@ -271,8 +272,35 @@ def settle_store(data_dir: Path) -> None:
              "--data-dir nested inside it'", stray, right)
 
 
+# Listener ports are picked below the kernel's ephemeral range: a port the OS hands out (bind to
+# port 0) is also where it puts the local end of outgoing connections, so between the pick and a
+# JVM binding it 20-30 s later any connection on the machine could take it ("Failed to bind").
+_LISTEN_PORTS_FLOOR = 10_000
+_PORT_TRIES = 200
+
+
+def _ephemeral_floor() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on `host` a moment ago."""
+    """A TCP port that was free on `host` a moment ago, below the ephemeral range where it can be
+    (random, so that processes picking at once rarely pick the same); else one the OS hands out."""
+    top = _ephemeral_floor()
+    if top > _LISTEN_PORTS_FLOOR + 1000:
+        rng = random.SystemRandom()
+        for _ in range(_PORT_TRIES):
+            port = rng.randrange(_LISTEN_PORTS_FLOOR, top)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
