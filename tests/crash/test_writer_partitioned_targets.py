@@ -207,7 +207,10 @@ def test_a_poisoned_target_is_dead_lettered_while_1000_good_releases_go_on_time(
         consumers = [_subscribe(client, out)]
         dead_consumer = _subscribe(client, dlq)
         wait_subscribed(broker.admin_url, [sched])
-        producer = client.create_producer(sched, batching_enabled=True, batching_max_publish_delay_ms=5)
+        # 1,003 sends in flight: block instead of failing past the client's 1,000-message queue
+        # (the last 3 were once refused ProducerQueueIsFull and never reached the writer).
+        producer = client.create_producer(sched, batching_enabled=True, batching_max_publish_delay_ms=5,
+                                          block_if_queue_full=True)
         base = now_ms()
         poison = {f"x{i}".encode(): base + 2000 + i * 100 for i in range(3)}
         for payload, at in poison.items():
