@@ -27,6 +27,7 @@ import pulsar
 from .. import native_consumer
 from ..dedup.publisher import DedupPublisher, Outcome, OutMessage
 from ..dedup.sequence_map import DedupError
+from ..scheduler.target_health import backoff_ms
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
 from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
@@ -66,7 +67,6 @@ PROBLEM_KEY_PREFIX = "delay-level/forward-problem"  # /<k>: a forward being retr
 # a message redelivered after a crash between its dead letter and its ack goes to the dead-letter
 # topic again (dropped there as a duplicate), never to its target, even if the target accepts by then.
 DEAD_LETTER_KEY_PREFIX = "delay-level/dead-letter-decision"
-RETRY_MIN_S, RETRY_MAX_S = 0.5, 10.0  # backoff between attempts at a forward the target refused
 # What a refusing target raises: a send that failed (PublishError), a producer or lookup the broker
 # refused (pulsar exceptions: authorization, schema, topic or namespace not found), a recovery that
 # could not read the target (a lookup or producer that times out, pulsar.Timeout, counts too). Not a
@@ -733,7 +733,7 @@ class PartitionForwarder:
         msgs = [h.out[1] for h in run]  # type: ignore[index]
         kinds = [h.out[2] for h in run]  # type: ignore[index]
         started: Optional[float] = None
-        delay = RETRY_MIN_S
+        attempts = 0
         while True:
             try:
                 outcomes, dests = self._publish(topic, msgs)
@@ -751,10 +751,11 @@ class PartitionForwarder:
                 if now - started >= self.policy.retry_s:
                     outcomes, kinds = self._dead_letter_run(topic, run, reason)
                     break
+                attempts += 1
+                delay = backoff_ms(attempts) / 1000.0  # the writer's rule for a refusing target
                 log.info("event=delay_level_forward_retry partition=%s target=%s messages=%d retry_in_s=%.1f "
                          "refused_for_s=%.1f error=%r", self.topic, topic, len(run), delay, now - started, reason)
                 self._backoff(delay)
-                delay = min(RETRY_MAX_S, 2 * delay)
         if started is not None:
             self._clear_problem(topic, time.monotonic() - started)
         top = max(h.seq for h in run)
