@@ -8,13 +8,10 @@ from __future__ import annotations
 import threading
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-import pulsar
-
 from pulsar_lifecycle.dedup.channel import Outcome, OutMessage
 from pulsar_lifecycle.dedup.sequence_map import DedupError
 from pulsar_lifecycle.delaylevel.forwarder import DEAD_LETTER_KEY_PREFIX, ERROR_PROP, ForwardPolicy, PartitionForwarder
-from pulsar_lifecycle.delaylevel.rule import BASE_PROP, LEVEL_PROP
-from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
+from support.parked_fakes import FakeConsumer, FakeMsg
 
 DLQ = "persistent://public/default/biz-delay-level-DLQ"
 TARGET = "persistent://public/default/biz"
@@ -87,62 +84,6 @@ class FakePublisher:
         pass
 
 
-class FakeId:
-    def __init__(self, entry: int) -> None:
-        self.entry = entry
-
-    def ledger_id(self) -> int:
-        return 7
-
-    def entry_id(self) -> int:
-        return self.entry
-
-    def batch_index(self) -> int:
-        return -1
-
-    def serialize(self) -> bytes:
-        return b""
-
-
-class FakeMsg:
-    def __init__(self, entry: int, target: str = TARGET) -> None:
-        self._id = FakeId(entry)
-        self._props = {DELIVER_AT_PROP: "5000", BASE_PROP: "0", LEVEL_PROP: "0", TARGET_PROP: target}
-
-    def message_id(self) -> FakeId:
-        return self._id
-
-    def properties(self) -> Dict[str, str]:
-        return dict(self._props)  # a new dict per call, as pulsar-client's
-
-    def data(self) -> bytes:
-        return f"m{self._id.entry}".encode()
-
-    def partition_key(self) -> str:
-        return ""
-
-    def event_timestamp(self) -> int:
-        return 0
-
-
-class FakeConsumer:
-    def __init__(self, msgs: List[FakeMsg]) -> None:
-        self.queue = list(msgs)
-        self.acked: List[FakeMsg] = []
-
-    def receive(self, timeout_millis: int = 0) -> FakeMsg:
-        if not self.queue:
-            raise pulsar.Timeout()
-        return self.queue.pop(0)
-
-    def batch_receive(self) -> List[FakeMsg]:
-        got, self.queue = self.queue, []
-        return got
-
-    def acknowledge(self, msg: FakeMsg) -> None:
-        self.acked.append(msg)
-
-
 def forwarder(broker: FakeBroker, state: MemState, consumer: FakeConsumer, kill_at: str = "") -> PartitionForwarder:
     # Broker backend (forwards go to the business topic); retry_s 0: dead-lettered at the first refusal.
     policy = ForwardPolicy(unit_ms=1000, lookahead_ms=0, batch_size=10, near_term_topic=None, dead_letter_topic=DLQ,
@@ -152,7 +93,7 @@ def forwarder(broker: FakeBroker, state: MemState, consumer: FakeConsumer, kill_
 
 
 def kill_after_dead_letters(broker: FakeBroker, state: MemState, n: int) -> List[FakeMsg]:
-    msgs = [FakeMsg(e) for e in range(1, n + 1)]
+    msgs = [FakeMsg(e, TARGET) for e in range(1, n + 1)]
     broker.refusing.add(TARGET)
     first = forwarder(broker, state, FakeConsumer(msgs), kill_at=DLQ)
     try:
@@ -171,7 +112,7 @@ def test_killed_between_dead_letter_and_ack_the_redelivered_messages_never_reach
     assert all("refused" in props[ERROR_PROP] for _, _, props in broker.topics[DLQ])
     # Restarted: the target accepts now; the three come back, two new ones follow them.
     broker.refusing.clear()
-    later = [FakeMsg(4), FakeMsg(5)]
+    later = [FakeMsg(4, TARGET), FakeMsg(5, TARGET)]
     consumer = FakeConsumer(msgs + later)
     second = forwarder(broker, state, consumer)
     second._step()  # noqa: SLF001

@@ -8,7 +8,6 @@ from __future__ import annotations
 import threading
 from typing import Dict, FrozenSet, List, Optional, Sequence, Set, Tuple
 
-import pulsar
 import pytest
 
 from pulsar_lifecycle.config.settings import ConfigError
@@ -16,13 +15,13 @@ from pulsar_lifecycle.dedup.channel import Outcome, OutMessage
 from pulsar_lifecycle.delaylevel.config import SyncerConfig
 from pulsar_lifecycle.delaylevel.forwarder import ERROR_PROP, ForwardPolicy, PartitionForwarder
 from pulsar_lifecycle.delaylevel.permissions import SyncerTargetCheck, syncer_target_check
-from pulsar_lifecycle.delaylevel.rule import BASE_PROP, LEVEL_PROP
 from pulsar_lifecycle.scheduler.target_permissions import (
     PermissionsUnavailable,
     ProducePermissions,
     TargetPermissionCheck,
 )
-from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
+from pulsar_lifecycle.scheduling_protocol import TARGET_PROP
+from support.parked_fakes import FakeConsumer, FakeMsg
 
 NS = "persistent://public/default"
 D = f"{NS}/delay-level"
@@ -102,62 +101,6 @@ class FakePublisher:
 
     def payloads(self, topic: str) -> List[bytes]:
         return [p for _, p, _ in self.topics.get(topic, [])]
-
-
-class FakeId:
-    def __init__(self, entry: int) -> None:
-        self.entry = entry
-
-    def ledger_id(self) -> int:
-        return 7
-
-    def entry_id(self) -> int:
-        return self.entry
-
-    def batch_index(self) -> int:
-        return -1
-
-    def serialize(self) -> bytes:
-        return b""
-
-
-class FakeMsg:
-    def __init__(self, entry: int, target: str) -> None:
-        self._id = FakeId(entry)
-        self._props = {DELIVER_AT_PROP: "5000", BASE_PROP: "0", LEVEL_PROP: "0", TARGET_PROP: target}
-
-    def message_id(self) -> FakeId:
-        return self._id
-
-    def properties(self) -> Dict[str, str]:
-        return dict(self._props)
-
-    def data(self) -> bytes:
-        return f"m{self._id.entry}".encode()
-
-    def partition_key(self) -> str:
-        return ""
-
-    def event_timestamp(self) -> int:
-        return 0
-
-
-class FakeConsumer:
-    def __init__(self, msgs: List[FakeMsg]) -> None:
-        self.queue = list(msgs)
-        self.acked: List[FakeMsg] = []
-
-    def receive(self, timeout_millis: int = 0) -> FakeMsg:
-        if not self.queue:
-            raise pulsar.Timeout()
-        return self.queue.pop(0)
-
-    def batch_receive(self) -> List[FakeMsg]:
-        got, self.queue = self.queue, []
-        return got
-
-    def acknowledge(self, msg: FakeMsg) -> None:
-        self.acked.append(msg)
 
 
 def forwarder(consumer: FakeConsumer, publisher: FakePublisher, check: Optional[SyncerTargetCheck],
