@@ -14,7 +14,8 @@ of field 107 marks a layout-1 index, whose `entry_id` is taken as the index id.
 """
 from __future__ import annotations
 
-from typing import Iterable, List, Sequence, Tuple
+from array import array
+from typing import Iterable, List, Sequence, Tuple, Union
 
 from google.protobuf.message import DecodeError
 
@@ -49,7 +50,7 @@ def varint(value: int) -> bytes:
     return bytes(out)
 
 
-def read_varint(buf: bytes, i: int) -> Tuple[int, int]:
+def read_varint(buf: Union[bytes, bytearray, memoryview], i: int) -> Tuple[int, int]:
     """The protobuf varint at `buf[i]`: (value, index after it); IndexError when truncated."""
     value = shift = 0
     while True:
@@ -181,24 +182,32 @@ def make_item(message: DelayedMessage, ts: int) -> Item:
     return (ts, message.ledger_id, message.entry_id, encode_framed(message, ts))
 
 
+def encode_batch(messages: Sequence[DelayedMessage], ts: Sequence[int]) -> Tuple[bytes, array]:
+    """The framed items of `messages` with release-key timestamps `ts`, joined (the bytes of a
+    journal add-record and of a SnapshotSegment of them, in this order), and where each starts
+    (plus the end): the same bytes as joining encode_framed(m, t) of each, serialized in one
+    protobuf call (encode_segment) and cut at the elements' frames here, without a bytes object
+    per item: the journal write of an intake batch encodes each scheduling message once."""
+    data = encode_segment(messages, ts)
+    offsets = array("Q")
+    pos = 0
+    for _ in range(len(messages)):
+        # One element: the field-1 tag byte, the element's length as a varint, the element.
+        offsets.append(pos)
+        length, i = read_varint(data, pos + 1)
+        pos = i + length
+    if pos != len(data):  # cannot happen: each message is exactly one element
+        raise ValueError(f"encode_batch: {len(data) - pos} bytes left after {len(messages)} items")
+    offsets.append(pos)
+    return data, offsets
+
+
 def make_items(messages: Sequence[DelayedMessage], ts: Sequence[int]) -> List[Item]:
     """`[make_item(m, t) for m, t in zip(messages, ts)]`, the same items with the same bytes, the
-    batch serialized in one protobuf call (encode_segment: a repeated field's elements are framed
-    items joined) and cut back into its framed items here: the journal write of an intake batch
-    encodes each scheduling message once, and this is cheaper than a serialization per message."""
-    data = encode_segment(messages, ts)
-    out: List[Item] = []
-    append = out.append
-    pos = 0
-    for m, t in zip(messages, ts):
-        # One element: the field-1 tag byte, the element's length as a varint, the element.
-        length, i = read_varint(data, pos + 1)
-        end = i + length
-        append((t, m.ledger_id, m.entry_id, data[pos:end]))
-        pos = end
-    if pos != len(data):  # cannot happen: each message is exactly one element
-        raise ValueError(f"make_items: {len(data) - pos} bytes left after {len(out)} items")
-    return out
+    batch serialized in one protobuf call (encode_batch)."""
+    data, offsets = encode_batch(messages, ts)
+    return [(t, m.ledger_id, m.entry_id, data[offsets[k]:offsets[k + 1]])
+            for k, (m, t) in enumerate(zip(messages, ts))]
 
 
 def decode_framed(framed: bytes) -> Tuple[ReleaseKey, DelayedMessage]:

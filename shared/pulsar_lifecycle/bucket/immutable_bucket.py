@@ -1,5 +1,6 @@
 """One sealed bucket in memory (Pulsar's ImmutableBucket): its snapshot's per-segment metadata and
-a cursor over its first unreleased segment, the only one it keeps decoded.
+a cursor over its first unreleased segment, the only one it keeps decoded (as packed columns over
+the segment's bytes: packed.PackedSegment, no Python object per index).
 
 Pure: reading a segment is the caller's job (the shared queue is given a reader); this module only
 positions the cursor in decoded segments. Not thread-safe: the index guards it with its state lock.
@@ -8,11 +9,12 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
-from .codec import BucketRef, index_key
+from .codec import BucketRef
 from .manifest import bucket_ref
-from .records import ReleaseKey
+from .packed import PackedSegment, key_int
+from .records import DelayedMessage, ReleaseKey
 from .segments import CutSegment
 
 PLACEHOLDER = -1  # ledger id of a queue head whose segment is not loaded (sorts first at equal ts)
@@ -21,15 +23,16 @@ PLACEHOLDER = -1  # ledger id of a queue head whose segment is not loaded (sorts
 HeadEntry = Tuple[int, int, int, int]
 
 
-def first_after(seg: Any, key: Optional[ReleaseKey]) -> int:
+def first_after(seg: PackedSegment, key: Optional[ReleaseKey]) -> int:
     """Position of the first index in the decoded segment `seg` with a key > `key` (len when none)."""
-    indexes = seg.indexes
-    lo, hi = 0, len(indexes)
+    lo, hi = 0, len(seg)
     if key is None:
         return 0
+    k = key_int(*key)
+    rk = seg.key_int
     while lo < hi:  # keys in a segment are strictly increasing
         mid = (lo + hi) // 2
-        if index_key(indexes[mid]) <= key:
+        if rk(mid) <= k:
             lo = mid + 1
         else:
             hi = mid
@@ -59,7 +62,7 @@ class ImmutableBucket:
     snapshot_length: int
     index_count: int
     cur: int = 0  # index of the current (loaded or to-load) segment; == nseg when drained
-    seg: Any = None  # decoded SnapshotSegment of `cur`; None while not loaded
+    seg: Optional[PackedSegment] = None  # decoded segment `cur`; None while not loaded
     pos: int = 0  # next index in `seg`
     remaining: int = 0  # unreleased items
     last_key: Optional[ReleaseKey] = None  # key of the bucket's last item, when known
@@ -87,7 +90,7 @@ class ImmutableBucket:
     @property
     def loaded(self) -> int:
         """Unreleased indexes of the decoded segment (0 when none is loaded)."""
-        return len(self.seg.indexes) - self.pos if self.seg is not None else 0
+        return len(self.seg) - self.pos if self.seg is not None else 0
 
     def ref(self) -> BucketRef:
         """The manifest's entry for this bucket."""
@@ -96,21 +99,24 @@ class ImmutableBucket:
 
     def head(self) -> HeadEntry:
         """The queue entry of the loaded segment's next index."""
-        return (*index_key(self.seg.indexes[self.pos]), self.bucket_id)
+        seg, pos = self.seg, self.pos
+        assert seg is not None  # only called while a segment is loaded
+        return (seg.ts[pos], seg.ledger[pos], seg.entry[pos], self.bucket_id)
 
     def placeholder(self) -> HeadEntry:
         """The queue entry of segment `cur` before it is loaded: its min timestamp, sorting first."""
         return (self.seg_min[self.cur], PLACEHOLDER, PLACEHOLDER, self.bucket_id)
 
-    def head_index(self) -> Any:
-        """The decoded DelayedIndex at the head of the loaded segment."""
-        return self.seg.indexes[self.pos]
+    def head_message(self) -> DelayedMessage:
+        """The message at the head of the loaded segment, decoded from its bytes."""
+        assert self.seg is not None  # only called while a segment is loaded
+        return self.seg.message(self.pos)
 
-    def use_segment(self, seg: Any, after: Optional[ReleaseKey]) -> bool:
+    def use_segment(self, seg: PackedSegment, after: Optional[ReleaseKey]) -> bool:
         """Make the decoded segment `seg` (number `cur`) current, positioned after `after`;
         False (nothing changed) when it holds nothing after it."""
         pos = first_after(seg, after)
-        if pos >= len(seg.indexes):
+        if pos >= len(seg):
             return False
         self.seg, self.pos = seg, pos
         self._note_last_key()
@@ -121,7 +127,8 @@ class ImmutableBucket:
         dropped and `cur` moves to the next one (see `drained`)."""
         self.pos += 1
         self.remaining -= 1
-        if self.pos < len(self.seg.indexes):
+        assert self.seg is not None  # only called while a segment is loaded
+        if self.pos < len(self.seg):
             return True
         self._note_last_key()
         self.seg = None
@@ -137,4 +144,4 @@ class ImmutableBucket:
 
     def _note_last_key(self) -> None:
         if self.seg is not None and self.cur == self.nseg - 1:
-            self.last_key = index_key(self.seg.indexes[len(self.seg.indexes) - 1])
+            self.last_key = self.seg.key(len(self.seg) - 1)

@@ -30,6 +30,7 @@ from .codec import (
 )
 from .immutable_bucket import ImmutableBucket
 from .manifest import MANIFEST_FORMAT_VERSION, sets_are_packed
+from .packed import PackedSegment
 from .records import ReleaseKey
 from .segments import packed_id_bitmaps
 from .storage import BucketSnapshotStorage, StorageError
@@ -194,7 +195,7 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
         counters.segments += 1
         for k, data in enumerate(datas):
             counters.bytes += len(data)
-            seg = parse_segment(data, f"bucket {bid} segment {i + k + 1}")
+            seg = PackedSegment.parse(data, f"bucket {bid} segment {i + k + 1}")
             bucket.cur = i + k
             if bucket.use_segment(seg, w):
                 counters.loaded += 1
@@ -206,11 +207,11 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
         return None  # every item is at or before the watermark: exhausted
     seg = bucket.seg
     loaded: Dict[int, List[int]] = {}
-    for idx in seg.indexes[bucket.pos:]:
-        loaded.setdefault(idx.ledger_id, []).append(index_id_of(idx))
+    for r in range(bucket.pos, len(seg)):
+        loaded.setdefault(seg.ledger[r], []).append(seg.entry[r])
     for ledger, entries in loaded.items():
         pending.add_many(ledger, entries)
-    bucket.remaining = len(seg.indexes) - bucket.pos
+    bucket.remaining = len(seg) - bucket.pos
     _pending_from_bitmaps(bucket, bucket.cur + 1, bitmaps, counts, pending)
     return bucket
 

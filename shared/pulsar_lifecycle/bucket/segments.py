@@ -10,6 +10,7 @@ ledger (`packed_index_bit_map`, one bit per message; see codec.py for the layout
 """
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
@@ -18,6 +19,7 @@ from pyroaring import BitMap
 
 from .bitmap import deserialize_bitmap, entry_bitmap, pack_bitmap, serialize_bitmap
 from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata
+from .packed import PackedItems
 from .records import ReleaseKey
 
 
@@ -176,6 +178,27 @@ def cut_segments(items: Iterable[Item], time_step_ms: int, max_indexes: int) -> 
         first, final = items[start], items[end - 1]
         out.append(make_segment(b"".join(i[3] for i in items[start:end]), end - start, first[:3], final[:3],
                                 {ledger: BitMap(ids) for ledger, ids in entries.items()}))
+    return out
+
+
+def cut_packed(rows: PackedItems, order: Sequence[int], time_step_ms: int, max_indexes: int) -> List[CutSegment]:
+    """All segments of the rows `order` of `rows` (in strictly increasing key order, which the
+    caller guarantees: a mutable bucket's sorted rows): the same segments as cut_segments of
+    those rows as items, built from the columns without an item object per row."""
+    ts, ledgers, entries, offsets, data = rows.ts, rows.ledger, rows.entry, rows.offsets, rows.data
+    view = memoryview(data)
+    out = []
+    try:
+        for start, end in cut_bounds(array("Q", (ts[r] for r in order)), time_step_ms, max_indexes):
+            per_ledger: Dict[int, List[int]] = {}
+            for r in order[start:end]:
+                per_ledger.setdefault(ledgers[r], []).append(entries[r])
+            first, final = order[start], order[end - 1]
+            out.append(make_segment(b"".join([view[offsets[r]:offsets[r + 1]] for r in order[start:end]]), end - start,
+                                    rows.key(first), rows.key(final),
+                                    {ledger: BitMap(ids) for ledger, ids in per_ledger.items()}))
+    finally:
+        view.release()
     return out
 
 

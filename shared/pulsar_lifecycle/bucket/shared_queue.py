@@ -13,9 +13,9 @@ import heapq
 import logging
 from typing import Callable, Collection, List, Optional, Sequence
 
-from .codec import parse_segment
 from .immutable_bucket import HeadEntry, ImmutableBucket
 from .metrics import OpMetrics
+from .packed import PackedSegment
 from .records import ReleaseKey
 from .segments import CutSegment
 
@@ -73,10 +73,10 @@ class SharedBucketQueue:
                 bucket.remaining = sum(bucket.seg_count[k:])  # approximate until loaded
                 heapq.heappush(self.heap, bucket.placeholder())
                 return
-        seg = parse_segment(data, f"bucket {bucket.bucket_id} segment {k + 1}")
+        seg = PackedSegment.parse(data, f"bucket {bucket.bucket_id} segment {k + 1}")
         if not bucket.use_segment(seg, last):  # cannot happen: segment k ends after `last`
             raise ValueError(f"bucket {bucket.bucket_id} segment {k + 1} holds nothing after the last release")
-        bucket.remaining = len(bucket.seg.indexes) - bucket.pos + int(sum(bucket.seg_count[k + 1:]))
+        bucket.remaining = len(seg) - bucket.pos + int(sum(bucket.seg_count[k + 1:]))
         heapq.heappush(self.heap, bucket.head())
 
     def advance(self, bucket: ImmutableBucket, last: Optional[ReleaseKey]) -> None:
@@ -98,7 +98,7 @@ class SharedBucketQueue:
         if data is None:
             return False
         try:
-            seg = parse_segment(data, f"bucket {bucket.bucket_id} segment {bucket.cur + 1}")
+            seg = PackedSegment.parse(data, f"bucket {bucket.bucket_id} segment {bucket.cur + 1}")
         except ValueError as exc:
             self._metrics.record("load", False, 0.0)
             logger.error("%s", exc)

@@ -21,6 +21,7 @@ from pulsar_lifecycle.bucket.manifest import manifest_bytes
 from pulsar_lifecycle.bucket.merge import merge_window, source_items, write_merged
 from pulsar_lifecycle.bucket.metrics import OpMetrics
 from pulsar_lifecycle.bucket.mutable_bucket import MutableBucket
+from pulsar_lifecycle.bucket.packed import PackedSegment
 from pulsar_lifecycle.bucket.recovery import (
     RecoveryCounters,
     read_cursor,
@@ -93,8 +94,8 @@ def test_mutable_bucket_restore_takes_its_age_from_the_clock_only_when_it_holds_
 
 # -- ImmutableBucket ------------------------------------------------------------------------------------
 def test_first_after_positions_by_release_key():
-    seg = parse_segment(cut_segments(items(1, 5), 10**9, 100)[0].data)
-    keys = [index_key(i) for i in seg.indexes]
+    seg = PackedSegment.parse(cut_segments(items(1, 5), 10**9, 100)[0].data)
+    keys = [index_key(i) for i in parse_segment(cut_segments(items(1, 5), 10**9, 100)[0].data).indexes]
     assert first_after(seg, None) == 0
     assert first_after(seg, keys[2]) == 3
     assert first_after(seg, (keys[2][0], keys[2][1], keys[2][2] - 1)) == 2
@@ -109,7 +110,7 @@ def test_immutable_bucket_steps_through_a_segment_and_notes_its_last_key():
     assert b.last_key == (1030, 4, 3)  # from the cut segments
     assert b.first_unreleased(b.segments, (1010, 4, 1)) == 1
     b.cur = 1
-    seg = parse_segment(snaps.storage.get_segments(b.bucket_id, 2, 2)[0])
+    seg = PackedSegment.parse(snaps.storage.get_segments(b.bucket_id, 2, 2)[0])
     assert not b.use_segment(seg, (1030, 4, 3))  # nothing after the last key: unchanged
     assert b.seg is None
     assert b.use_segment(seg, (1020, 4, 2))
