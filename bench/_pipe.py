@@ -22,7 +22,7 @@ measured slower: its GIL hand-offs cost more CPU than the fsync it hides). No in
 order, no commit: a floor, not a writer.
 
 With `--native` either pipe receives and sends as the writer does: pulsar-client's native consumer's
-`batch_receive` (pulsar_lifecycle.native_consumer) and native message builder (dedup/channel.py),
+`batch_receive` (pulsar_lifecycle.pulsar_io.native_consumer) and native message builder (dedup/channel.py),
 without the Python wrapper per message; the journaled pipe with `--native` is the floor of the
 writer with the writer's own client calls.
 
@@ -42,8 +42,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import pulsar
 
-from pulsar_lifecycle import native_consumer
 from pulsar_lifecycle.durable import append_durably
+from pulsar_lifecycle.pulsar_io import native_consumer
 from pulsar_lifecycle.runtime.client import ClientSettings, make_client
 from pulsar_lifecycle.scheduling_protocol import (
     DELIVER_AT_PROP,

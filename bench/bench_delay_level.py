@@ -31,12 +31,12 @@ from typing import Dict, List, Optional
 import pulsar
 
 import _pipe
-from pulsar_lifecycle import native_consumer
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy, forward_at
 from pulsar_lifecycle.delaylevel.config import SyncerConfig, parse_syncer_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
+from pulsar_lifecycle.pulsar_io import native_consumer
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.state.directory import DirectoryStateStore

@@ -44,11 +44,14 @@ Measurements (each prints its figures and ratios; `--parts` picks some):
    (`pulsar_delayed_message_index_size_bytes`: the in-memory tracker's priority queue is off-heap),
    the JVM's direct memory (it includes the entry cache) and its RSS.
 4. recovery: with those M pending, D more messages due at once are sent while nothing consumes
-   them (writer stopped / the broker's consumer closed), then the writer is restarted (SIGINT,
-   start), or the broker (SIGTERM, start on the same data). Time from the restart to the first
-   arrival of a due message: for the writer from its process launch, for the broker from its
-   launch and from its health check passing (a standalone also restarts its bookie and ZooKeeper,
-   which a broker restart in a cluster would not).
+   them (writer stopped / the tracker's consumer closed), then the writer is restarted (SIGINT or
+   SIGKILL, start) or the tracker's topic unloaded (`topics unload`: admin REST PUT .../unload; the
+   tracker is rebuilt when the topic loads again). Time to the first arrival of a due message: for
+   the writer from its process launch, for the tracker from the unload request. Then the running
+   writer's own topics are unloaded the same way: its scheduling topic (D due messages sent once
+   the request is answered: its consumer has to come back for them) and its target (D messages
+   indexed before, due at the request: its producer has to come back to release them); time from
+   the unload request to the first of them.
 5. dedup: a producer process sends ids 1..K (bursts of 1000, one callback per burst, checkpointing
    the highest confirmed id every 5000, as a source commits its offsets) and is SIGKILLed once half
    has arrived (or been confirmed); a second process resumes from the checkpoint, so ids the topic

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pulsar_lifecycle.dedup.publisher import normalize_topic
 from pulsar_lifecycle.runtime.context_api import num_instances, pulsar_client
 from pulsar_lifecycle.scheduler.intake import classify
 from pulsar_lifecycle.scheduler.service import Pending, SchedulerService
 from pulsar_lifecycle.scheduler.wake import WakeTicks, arm_wake, position_of
+from pulsar_lifecycle.topics import normalize_topic
 
 
 class BucketSnapshotWriter:

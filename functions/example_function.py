@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from pulsar_lifecycle.example import ExampleConfig
+from pulsar_lifecycle.config.example import ExampleConfig
 
 
 class ExampleFunction:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pulsar_lifecycle.docs_reference import render, stale_sections
+from pulsar_lifecycle.cli.docs_reference import render, stale_sections
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 

@@ -14,7 +14,7 @@ from urllib.parse import unquote_plus
 from .exceptions import PulsarLifecycleError
 
 __all__ = ["DOMAINS", "FULL_NAME_PREFIXES", "PARTITION_SUFFIX", "TopicName", "TopicNameError", "is_named_entity", "java_url_encode",
-           "partition_name", "strip_partition"]
+           "normalize_topic", "partition_name", "strip_partition"]
 
 PARTITION_SUFFIX = "-partition-"
 _PARTITION_RE = re.compile(r"^(?P<base>.+)-partition-(?P<index>\d+)$")
@@ -149,3 +149,8 @@ class TopicName:
     def with_partition(self, index: int) -> "TopicName":
         """Partition `index` of this topic."""
         return type(self)(self.tenant, self.namespace, partition_name(self.local_name, index), self.domain)
+
+
+def normalize_topic(topic: str) -> str:
+    """Pulsar's full topic name: `t` and `tenant/ns/t` get `persistent://` (and public/default)."""
+    return TopicName.from_client(topic).full_name

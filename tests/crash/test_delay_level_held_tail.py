@@ -56,7 +56,7 @@ from pulsar_lifecycle.delaylevel.config import parse_syncer_config
 from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.state.directory import DirectoryStateStore
-from pulsar_lifecycle.subscribe import random_skip, skip_consumer_ids
+from pulsar_lifecycle.pulsar_io.subscribe import random_skip, skip_consumer_ids
 url, dl, sched, state, unit, partitions, lookahead = sys.argv[1:8]
 client = quiet_client(url)
 # As localrun does on a broker it does not own: a predecessor's dead consumers keep their ids.

@@ -45,8 +45,8 @@ from pulsar_lifecycle.deletion.admin import PulsarAdminClient
 from pulsar_lifecycle.deletion.model import TopicRef
 from pulsar_lifecycle.deletion.storage.bookie_http import BookieHttpClient
 from pulsar_lifecycle.packaging.zip_builder import build_wheel
-from pulsar_lifecycle.partition_assignment import partition_label
 from pulsar_lifecycle.runtime.client import quiet_client
+from pulsar_lifecycle.scheduler.partition_assignment import partition_label
 from pulsar_lifecycle.scheduling_protocol import RELEASED_AT_PROP
 from pulsar_lifecycle.state.base import table_namespace
 from pulsar_lifecycle.state.bk_table import BookKeeperTable

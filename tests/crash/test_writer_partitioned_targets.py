@@ -12,13 +12,13 @@ import pulsar
 import pytest
 import yaml
 
+from pulsar_lifecycle.cli.writer_view import inspect_writer
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.dedup.partition_router import java_string_hash
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.target_health import DEAD_TARGET_PROP
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, ERROR_PROP, RELEASED_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
-from pulsar_lifecycle.tools.writer_view import inspect_writer
 from support.broker_fixtures import broker_kinds
 from support.crash_runs import (
     ReleaseCount,

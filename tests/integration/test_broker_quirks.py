@@ -22,14 +22,14 @@ import pyarrow.parquet as pq
 import pytest
 from pulsar.schema import AvroSchema, Integer, Record, String
 
-from pulsar_lifecycle import stall_watchdog as sw
 from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.dedup import recovery
+from pulsar_lifecycle.pulsar_io import stall_watchdog as sw
+from pulsar_lifecycle.pulsar_io.subscribe import skip_consumer_ids
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
 from pulsar_lifecycle.scheduler.wake import WakeTickHolder, position_of
 from pulsar_lifecycle.spark.export.driver import export_backlog, part_files
-from pulsar_lifecycle.subscribe import skip_consumer_ids
 from support.broker_fixtures import kind_of
 
 pytestmark = pytest.mark.integration

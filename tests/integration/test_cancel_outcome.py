@@ -8,10 +8,10 @@ import time
 
 import pulsar
 
+from pulsar_lifecycle.cli.delayed_cli import EXIT_ALREADY_RELEASED, EXIT_NOT_KNOWN
 from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions
-from pulsar_lifecycle.tools.delayed_cli import EXIT_ALREADY_RELEASED, EXIT_NOT_KNOWN
 from support.cli import run_cli
 from support.writer import cli_writer_config
 

@@ -7,8 +7,8 @@ import pulsar
 import pytest
 from click.testing import CliRunner
 
+from pulsar_lifecycle.cli.deletion_cli import deletion
 from pulsar_lifecycle.deletion.admin import PulsarAdminClient
-from pulsar_lifecycle.deletion.cli import deletion
 from pulsar_lifecycle.deletion.codec import decode, encode
 from pulsar_lifecycle.deletion.model import LedgerComponent, LedgerType, PendingDeleteLedgerInfo
 from pulsar_lifecycle.deletion.service import LedgerDeletionService, PendingDeleteSendError

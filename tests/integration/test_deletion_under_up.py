@@ -17,10 +17,10 @@ from typing import List
 import pytest
 from prometheus_client import CollectorRegistry
 
-from pulsar_lifecycle.deletion.cli import WorkerTerms, resolve_delay
+from pulsar_lifecycle.cli.deletion_cli import WorkerTerms, resolve_delay
+from pulsar_lifecycle.cli.status import _in_out, _worker_note
+from pulsar_lifecycle.cli.up import WORKER
 from pulsar_lifecycle.runtime.metrics import FunctionMetrics
-from pulsar_lifecycle.tools.status import _in_out, _worker_note
-from pulsar_lifecycle.tools.up import WORKER
 from support.cli import CLI, cli_env, run_cli
 from support.helpers import stop_process, wait_for
 from support.paths import REPO
@@ -105,7 +105,7 @@ def test_status_counts_dead_letters_apart_from_deletions():
 
 
 def test_up_manifest_names_only_its_own_broker(tmp_path: Path):
-    from pulsar_lifecycle.up_manifest import MANIFEST_NAME, running_function
+    from pulsar_lifecycle.cli.up_manifest import MANIFEST_NAME, running_function
 
     (tmp_path / MANIFEST_NAME).write_text(json.dumps({
         "broker": "pulsar://127.0.0.1:1", "embedded": True,

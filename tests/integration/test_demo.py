@@ -10,7 +10,7 @@ from typing import List
 import pytest
 from rich.console import Console
 
-from pulsar_lifecycle.demo import run_demo
+from pulsar_lifecycle.cli.demo import run_demo
 from support.broker_fixtures import broker_kinds
 
 pytestmark = pytest.mark.integration

@@ -13,6 +13,7 @@ import pulsar
 import pytest
 import yaml
 
+from pulsar_lifecycle.cli.syncer_view import STATE_PREFIX, inspect_syncer
 from pulsar_lifecycle.config.function_config import spec_from_config
 from pulsar_lifecycle.delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.delaylevel.config import parse_syncer_config
@@ -22,7 +23,6 @@ from pulsar_lifecycle.delaylevel.service import DelayLevelSyncerService
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduler.context_state import ContextStateStore
 from pulsar_lifecycle.timing import DelayedProducer
-from pulsar_lifecycle.tools.syncer_view import STATE_PREFIX, inspect_syncer
 from support.crash_runs import create_partitioned_topic
 from support.paths import REPO
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pulsar
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.runtime.broker import free_port
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.scheduling_protocol import TICK_PROP

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from pulsar_lifecycle.bucket import DirectorySnapshotStorage
 from pulsar_lifecycle.bucket.codec import JournalRecord
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.localrun import LocalRunner, LocalRunOptions

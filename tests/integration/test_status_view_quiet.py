@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import List
 
+from pulsar_lifecycle.cli.syncer_view import syncer_config
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.rule import partition_topic
@@ -19,7 +20,6 @@ from pulsar_lifecycle.logging_setup import CLIENT_LOG_ENV
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.timing import DelayedProducer
-from pulsar_lifecycle.tools.syncer_view import syncer_config
 from support.paths import REPO
 
 SYNCER = REPO / "function-configs" / "delay-level-syncer.yaml"
@@ -32,7 +32,7 @@ LOOKS = """
 import json, sys
 from pulsar_lifecycle.config.function_config import load_function_config, spec_from_config
 from pulsar_lifecycle.runtime.client import quiet_client
-from pulsar_lifecycle.tools.syncer_view import inspect_syncer
+from pulsar_lifecycle.cli.syncer_view import inspect_syncer
 spec = spec_from_config(load_function_config(sys.argv[1]))
 parked = []
 for _ in range(int(sys.argv[3])):

@@ -118,7 +118,7 @@ def run_spark_commands_here(cwd: Path, commands: Sequence[Sequence[str]], monkey
     started in, so a relative path that reached them as typed would name another file."""
     from click.testing import CliRunner
 
-    from pulsar_lifecycle.cli import main
+    from pulsar_lifecycle.cli.main import main
     from pulsar_lifecycle.spark.session import spark_log_path
 
     monkeypatch.chdir(cwd)

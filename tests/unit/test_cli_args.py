@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from pulsar_lifecycle.cli_args import check_service_url, check_topic, format_ms, parse_duration_ms, parse_time_ms
+from pulsar_lifecycle.cli.args import check_service_url, check_topic, format_ms, parse_duration_ms, parse_time_ms
 
 
 @pytest.mark.parametrize("text, ms", [("90s", 90_000), ("2h", 7_200_000), ("30d", 2_592_000_000), ("1h30m", 5_400_000),

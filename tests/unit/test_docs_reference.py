@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from pulsar_lifecycle.docs_reference import render, section_table, stale_sections
-from pulsar_lifecycle.function_registry import FUNCTIONS, USER_CONFIG_KEYS
+from pulsar_lifecycle.cli.docs_reference import render, section_table, stale_sections
+from pulsar_lifecycle.cli.function_registry import FUNCTIONS, USER_CONFIG_KEYS
 from support.paths import REPO
 
 ROOT = REPO

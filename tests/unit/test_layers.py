@@ -31,8 +31,9 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
         "pulsar_lifecycle",  # the package __init__ and any root module not named below
         "pulsar_lifecycle.config",  # converters and settings every feature's config uses
     )),
-    ("stores and the Pulsar Functions seam", (
+    ("stores, the helpers around pulsar-client and the Pulsar Functions seam", (
         "pulsar_lifecycle.state",
+        "pulsar_lifecycle.pulsar_io",
         "pulsar_lifecycle.runtime.context_api",
         "pulsar_lifecycle.runtime.state_service",
         "pulsar_lifecycle.runtime.client",
@@ -48,21 +49,16 @@ LAYERS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("the bucket writer (intake, release, wiring)", ("pulsar_lifecycle.scheduler",)),
     ("delay-level topics", ("pulsar_lifecycle.delaylevel",)),
     ("function registry, config loading and validation, docs tables", (
-        "pulsar_lifecycle.function_registry",
-        "pulsar_lifecycle.docs_reference",
+        "pulsar_lifecycle.cli.function_registry",
+        "pulsar_lifecycle.cli.docs_reference",
         "pulsar_lifecycle.config.function_config",
         "pulsar_lifecycle.config.validate",
     )),
-    ("entry points: local runner, CLI, demo, packaging, offline Spark jobs", (
+    ("entry points: local runner, the command line (with the demo), packaging, offline Spark jobs", (
         "pulsar_lifecycle.runtime",
         "pulsar_lifecycle.cli",
-        "pulsar_lifecycle.demo",
         "pulsar_lifecycle.packaging",
         "pulsar_lifecycle.spark",
-        "pulsar_lifecycle.deletion.cli",
-        "pulsar_lifecycle.cli_args",
-        "pulsar_lifecycle.client_options",
-        "pulsar_lifecycle.tools",
     )),
 )
 
@@ -84,20 +80,25 @@ ADAPTERS = ("pulsar_lifecycle.state", "pulsar_lifecycle.runtime", "pulsar_lifecy
 _CLI = ("CLI command bodies import their implementation when the command runs, so `--help` and "
         "unrelated commands load neither pulsar-client, pulsar-lite nor PySpark")
 LAZY_IMPORTS: Dict[str, str] = {
-    "pulsar_lifecycle.cli": _CLI,
-    "pulsar_lifecycle.deletion.cli": _CLI,
+    "pulsar_lifecycle.cli.main": _CLI,
+    "pulsar_lifecycle.cli.deletion_cli": _CLI,
     "pulsar_lifecycle.spark.export.cli": _CLI,
     "pulsar_lifecycle.spark.seed.cli": _CLI,
     "pulsar_lifecycle.spark.verify.cli": _CLI,
     "pulsar_lifecycle.spark.orphans.cli": _CLI,
-    "pulsar_lifecycle.tools.inspect_cli": _CLI,
-    "pulsar_lifecycle.tools.delayed_cli": _CLI,
-    "pulsar_lifecycle.tools.up_cli": _CLI,
-    "pulsar_lifecycle.tools.common": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
+    "pulsar_lifecycle.cli.inspect_cli": _CLI,
+    "pulsar_lifecycle.cli.delayed_cli": _CLI,
+    "pulsar_lifecycle.cli.up_cli": _CLI,
+    "pulsar_lifecycle.cli.common": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.state": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.bucket.storage": "BookKeeper backend: bookkeeper/grpc cost ~0.2 s, loaded only when used",
     "pulsar_lifecycle.scheduler.factory": "two-phase snapshot deletion: the deletion service pulls in requests and "
-                                          "the admin client (~0.1 s of every writer start), loaded only when used",
+                                          "the admin client (~0.1 s of every writer start), loaded only when used; "
+                                          "the partition machinery (leases, assignment, PartitionedWriter), loaded "
+                                          "only by a partitioned writer",
+    "pulsar_lifecycle.scheduler.config": "validate --system's topology (config.system, the deletion topics) and "
+                                         "pulsarAdminUrl's converter (deletion.config): the deletion package cost "
+                                         "every writer start 15-35 ms, loaded only when used",
 }
 
 # The offline pipeline: one package per job under pulsar_lifecycle.spark, the pieces they share
@@ -435,3 +436,23 @@ def test_spark_shared_pieces_import_no_job() -> None:
     bad = [f"{e.source}:{e.line} imports {e.target}" for e in edges
            if e.source.startswith(SPARK) and not _spark_job(e.source) and _spark_job(e.target)]
     assert bad == [], "the pieces beside the job packages serve them and import none: " + "; ".join(bad)
+
+
+# The package root holds only what several packages share; a module with one user lives beside it.
+ROOT_MODULES_MAX = 8
+# Root modules whose users are outside the package, with the reason.
+ROOT_NAMED_BY_USERS: Dict[str, str] = {
+    "pulsar_lifecycle.serde": "function configs name `pulsar_lifecycle.serde.BytesSerDe` (serdeClassName)",
+}
+
+
+def test_the_package_root_holds_only_shared_modules() -> None:
+    mods, edges = import_graph()
+    root = sorted(m for m, (_, is_pkg) in mods.items() if m.count(".") == 1 and not is_pkg)
+    assert len(root) <= ROOT_MODULES_MAX, f"{len(root)} modules at the package root (at most {ROOT_MODULES_MAX}): {root}"
+    users: Dict[str, Set[str]] = defaultdict(set)
+    for e in edges:
+        if e.target in root and _top(e.source) != e.target:
+            users[e.target].add(_top(e.source))
+    lonely = {m: sorted(users[m]) for m in root if len(users[m]) < 2 and m not in ROOT_NAMED_BY_USERS}
+    assert lonely == {}, f"root modules with fewer than two user packages (move each beside its user): {lonely}"

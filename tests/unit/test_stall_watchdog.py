@@ -1,4 +1,4 @@
-"""StallWatchdog's decisions (pulsar_lifecycle.stall_watchdog), on a stand-in consumer: it
+"""StallWatchdog's decisions (pulsar_lifecycle.pulsar_io.stall_watchdog), on a stand-in consumer: it
 re-subscribes only an idle consumer whose topic holds messages beyond the last one received,
 doubles the queue each time, backs off, and stops guessing blind after BLIND_RESUBSCRIBES."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import List, Optional, Tuple
 import pulsar
 import pytest
 
-from pulsar_lifecycle import stall_watchdog as sw
+from pulsar_lifecycle.pulsar_io import stall_watchdog as sw
 
 
 class _Id:

@@ -10,7 +10,7 @@ from typing import Any, List
 import pulsar
 import pytest
 
-from pulsar_lifecycle.subscribe import subscribe_promptly
+from pulsar_lifecycle.pulsar_io.subscribe import subscribe_promptly
 
 
 class FakeConsumer:

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import pytest
 
-from pulsar_lifecycle.tools.up_cli import up
+from pulsar_lifecycle.cli.up_cli import up
 
 CONF_URL = "pulsar+ssl://broker.example:6651"
 

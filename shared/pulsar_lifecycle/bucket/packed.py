@@ -21,7 +21,6 @@ from .codec import (
     DelayedIndex,
     frame,
     index_to_message,
-    parse,
     parse_segment,
     read_varint,
     upgrade_index,
@@ -86,8 +85,12 @@ class PackedItems:
     def message(self, row: int) -> DelayedMessage:
         """The DelayedMessage of row `row`, decoded from its bytes."""
         start, end = self.offsets[row], self.offsets[row + 1]
-        _, inner = read_varint(self.data, start + 1)
-        return index_to_message(parse(DelayedIndex, bytes(self.data[inner:end]), "DelayedIndex"))
+        data = self.data
+        # Skip the frame: its tag, then its length (one byte below 128 bytes of item).
+        inner = start + 2 if data[start + 1] < 0x80 else read_varint(data, start + 1)[1]
+        # The bytes were decoded whole when they came in (a segment's parse, the intake's own
+        # encoding), so no second check here: this runs once per released message.
+        return index_to_message(DelayedIndex.FromString(bytes(data[inner:end])))
 
     def append_encoded(self, ts: Sequence[int], ledgers: Sequence[int], entries: Sequence[int], data: bytes,
                        offsets: Sequence[int]) -> None:

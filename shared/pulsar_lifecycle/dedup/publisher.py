@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import pulsar
 
 from ..state.base import StateStore
-from ..topics import TopicName, partition_name
+from ..topics import normalize_topic, partition_name
 from .channel import (
     SNAPSHOT_KEY_PREFIX,
     Outcome,
@@ -83,11 +83,6 @@ class _Route:
     @property
     def partitioned(self) -> bool:
         return self.history.partitions > 0
-
-
-def normalize_topic(topic: str) -> str:
-    """Pulsar's full topic name: `t` and `tenant/ns/t` get `persistent://` (and public/default)."""
-    return TopicName.from_client(topic).full_name
 
 
 def _check_id_and_payload(seq: object, payload: object) -> None:
@@ -571,6 +566,5 @@ __all__ = [
     "PublishError",
     "PublishResult",
     "RecoveryError",
-    "normalize_topic",
     "snapshot_key",
 ]

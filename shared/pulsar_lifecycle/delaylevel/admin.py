@@ -14,12 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import quote
 
-from ..dedup.publisher import normalize_topic
 from ..deletion.admin import AdminAccess
 from ..deletion.ports import StorageError
 from ..deletion.storage.http import HttpEndpoints
-from ..topics import PARTITION_SUFFIX, TopicName
-from ..ttl_cache import TtlCache
+from ..deletion.ttl_cache import TtlCache
+from ..topics import PARTITION_SUFFIX, TopicName, normalize_topic
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ from typing import Any, List, Mapping, Optional
 from ..config.settings import check_settings, parse_settings, setting, to_str, user_config_keys
 from ..config.system import FOR_OPERATORS, FunctionTopology, Write, config_inputs, function_name
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
-from ..dedup.publisher import normalize_topic
+from ..topics import normalize_topic
 from .errors import ConfigError
 from .rule import cancel_topic, dead_letter_topic, partition_topic
 from .strategy import DEFAULT_MAX_DELAY_SECONDS, DEFAULT_MAX_PARTITIONS, DelayLevelTopicPartitionStrategy

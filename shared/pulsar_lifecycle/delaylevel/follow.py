@@ -13,7 +13,7 @@ from typing import Optional, Tuple
 import pulsar
 
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, Position, last_position, position_of
-from ..readers import reader_at
+from ..pulsar_io.readers import reader_at
 
 log = logging.getLogger(__name__)
 

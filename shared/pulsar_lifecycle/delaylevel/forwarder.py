@@ -24,12 +24,12 @@ from typing import Callable, Deque, Dict, List, Optional, Tuple
 
 import pulsar
 
-from .. import native_consumer
 from ..dedup.publisher import DedupPublisher, Outcome, OutMessage
 from ..dedup.sequence_map import DedupError
+from ..pulsar_io import native_consumer
+from ..pulsar_io.stall_watchdog import StallWatchdog
 from ..scheduler.target_health import backoff_ms
 from ..scheduling_protocol import ERROR_PROP, TARGET_PROP, format_message_ref
-from ..stall_watchdog import StallWatchdog
 from .errors import ParkedMessageError
 from .order import OrderGate, Pos, batch_size_of
 from .rule import (
@@ -245,7 +245,7 @@ class PartitionForwarder:
         self._cancels: Dict[int, _Pending] = {}
         self._inflight: Deque[_InFlight] = deque()  # sent, unconfirmed, unacked batches (oldest first)
         self._warned_batch = False
-        # Stall watchdog (pulsar_lifecycle.stall_watchdog): `resubscribe` opens a new consumer on
+        # Stall watchdog (pulsar_lifecycle.pulsar_io.stall_watchdog): `resubscribe` opens a new consumer on
         # the partition's subscription; None turns the watchdog off.
         self._watchdog: Optional[StallWatchdog] = None
         if resubscribe is not None:
@@ -535,7 +535,7 @@ class PartitionForwarder:
 
     def _watch_for_stall(self) -> None:
         """Checked only while idle, nothing held and nothing unacked (so nothing is reordered);
-        see pulsar_lifecycle.stall_watchdog and docs/delay-levels.md, "Lateness after a crash"."""
+        see pulsar_lifecycle.pulsar_io.stall_watchdog and docs/delay-levels.md, "Lateness after a crash"."""
         if self._watchdog is None or self.stop.is_set():
             return
         new = self._watchdog.check(self.consumer)

@@ -15,7 +15,7 @@ from typing import Callable, Dict, Mapping, Optional, Tuple
 
 import pulsar
 
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from ..scheduling_protocol import CANCEL_PROP, DELIVER_AT_PROP, TARGET_PROP, TICK_PROP, format_message_ref
 from ..timing.delayed_producer import DelayedProducer, now_ms
 from .rule import (

@@ -12,15 +12,15 @@ from typing import Callable, Dict, List, Optional, Tuple
 import pulsar
 
 from ..clock import Clock, wall_clock_ms
-from ..dedup.publisher import DedupPublisher, normalize_topic
+from ..dedup.publisher import DedupPublisher
 from ..dedup.recovery import last_position
-from ..partition_assignment import assign_partitions
-from ..producers import ProducerPool
-from ..readers import HoldsMessages, close_quietly, has_more, reader_at
+from ..pulsar_io.producers import ProducerPool
+from ..pulsar_io.readers import HoldsMessages, close_quietly, has_more, reader_at
+from ..pulsar_io.subscribe import subscribe_promptly
+from ..scheduler.partition_assignment import assign_partitions
 from ..scheduling_protocol import CANCEL_PROP, MessageRef, ProtocolError, parse_cancel_target
 from ..state.base import StateStore
-from ..subscribe import subscribe_promptly
-from ..topics import partition_name
+from ..topics import normalize_topic, partition_name
 from .admin import AdminView, retention_problems, split_topic
 from .config import SyncerConfig
 from .errors import ConfigError, ParkedMessageError, PartitionRefusedError, ShrinkRefusedError

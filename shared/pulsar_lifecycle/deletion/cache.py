@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, FrozenSet, Iterable, Optional
 
-from ..ttl_cache import CacheStats, TtlCache
+from .ttl_cache import CacheStats, TtlCache
 
 __all__ = ["CacheStats", "InUseSnapshot", "InUseState", "LedgersCache"]
 

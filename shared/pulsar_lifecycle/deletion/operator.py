@@ -8,7 +8,7 @@ from typing import Callable, Dict, List, Optional
 
 import pulsar
 
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from .admin import PulsarAdminClient
 from .codec import decode, encode
 from .model import InvalidRequestError, LedgerComponent, LedgerType, PendingDeleteLedgerInfo, TopicRef

@@ -13,7 +13,7 @@ from typing import Mapping, Optional, Union
 
 import pulsar
 
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from ..timing import DelayedProducer
 from .admin import PulsarAdminClient
 from .codec import encode

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Optional
 
 import pulsar
 
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from ..runtime.context_api import pulsar_client
 from ..timing import DelayedProducer, now_ms
 from . import acks

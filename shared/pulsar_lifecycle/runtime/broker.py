@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import IO, List, Optional, Tuple
 
 from ..exceptions import PulsarLifecycleError
-from ..local_paths import absolute
 from .listeners import PortHolder, port_holder
+from .local_paths import absolute
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional
 import pulsar
 
 from ..config.settings import user_config_from_json
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from ..state.base import StateStore
 from ..topics import strip_partition
 from .classloader import import_class

@@ -34,7 +34,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..readers import HoldsMessages
+from ..pulsar_io.readers import HoldsMessages
 
 log = logging.getLogger(__name__)
 

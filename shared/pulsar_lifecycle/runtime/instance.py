@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 
 import pulsar
 
-from ..subscribe import subscribe_promptly
+from ..pulsar_io.subscribe import subscribe_promptly
 from .classloader import import_class, instantiate_function
 from .context import LocalContext, effectively_once_sequence_id
 from .input_tails import InputTails, TrackedConsumer

@@ -23,18 +23,18 @@ from ..clock import wall_clock_ms
 from ..config.settings import read_setting, to_int, to_str
 from ..durable import atomic_write
 from ..exceptions import PulsarLifecycleError
-from ..local_paths import absolute
-from ..readers import holding_messages
+from ..pulsar_io.readers import holding_messages
+from ..pulsar_io.subscribe import random_skip, skip_consumer_ids
 from ..scheduling_protocol import TICK_PROP
 from ..state import open_state_store
 from ..state.base import StateStore
-from ..subscribe import random_skip, skip_consumer_ids
 from .broker import EmbeddedBroker, is_apache_pulsar, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
 from .connect import check_broker_answers
 from .context import FunctionIdentity, LocalContext
 from .input_tails import InputTails
 from .instance import FunctionInstance
+from .local_paths import absolute
 from .metrics import FunctionMetrics
 
 log = logging.getLogger(__name__)

@@ -34,8 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Dict, List, Mapping, Optional
 
-from ..local_paths import absolute
 from .broker import free_port, port_open
+from .local_paths import absolute
 from .pulsar_release import PulsarRelease, PulsarSetupError, java_executable, resolve
 from .pulsar_security import SecuritySetup
 

@@ -18,9 +18,9 @@ from ..config.settings import (
 )
 from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
-from ..dedup.publisher import normalize_topic
 from ..deletion.config import DeletionConfig, to_http_urls
 from ..deletion.topics import DeletionTopics
+from ..topics import normalize_topic
 
 TICK_MODES = ("hold", "runner", "chain")
 #: snapshotStorage values: `auto` decides per runtime (scheduler/snapshot_location.py).

@@ -18,16 +18,16 @@ from ..bucket.storage import (
 from ..bucket.storage.directory_lease import DirectoryLease
 from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper
 from ..config.settings import ConfigError
-from ..dedup.publisher import DedupPublisher, normalize_topic
-from ..partition_assignment import PartitionAssignment, partition_label
+from ..dedup.publisher import DedupPublisher
 from ..runtime.context_api import num_instances, pulsar_client
 from ..scheduling_protocol import cancel_reply_topic
-from ..topics import TopicName
+from ..topics import TopicName, normalize_topic
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
 from .intake import TargetCheck
 from .intake_gaps import GapClassifier, intake_gaps_for
+from .partition_assignment import PartitionAssignment, partition_label
 from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription

@@ -64,7 +64,7 @@ import pulsar
 
 from ..bucket.positions import encode
 from ..clock import wall_clock_ms
-from ..readers import HoldsMessages, close_quietly, reader_at
+from ..pulsar_io.readers import HoldsMessages, close_quietly, reader_at
 from ..topics import TopicName
 from .intake import Invalid, TargetCheck, classify
 from .service import IntakeBatch, Pending

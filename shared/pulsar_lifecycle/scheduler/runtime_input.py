@@ -39,7 +39,7 @@ from typing import Any, Mapping, Optional
 
 import pulsar
 
-from ..dedup.publisher import normalize_topic
+from ..topics import normalize_topic
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ index drops what it already holds (duplicates by position), so nothing is lost o
 The acks of a durable batch run on a thread of their own (acker.py), so the intake thread takes
 the next batch meanwhile.
 
-A stall watchdog (pulsar_lifecycle.stall_watchdog) re-subscribes the consumer when it is idle
+A stall watchdog (pulsar_lifecycle.pulsar_io.stall_watchdog) re-subscribes the consumer when it is idle
 while the topic holds messages beyond the last one it received: on pulsar-lite a consumer killed
 holding a batch entry larger than its queue leaves a permit deficit that can keep its successor
 idle. It runs only between batches, when everything received is acked.
@@ -34,12 +34,12 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 import pulsar
 
-from .. import native_consumer
 from ..bucket.records import DelayedMessage
 from ..clock import wall_clock_ms
-from ..readers import HoldsMessages
-from ..stall_watchdog import StallWatchdog
-from ..subscribe import subscribe_promptly
+from ..pulsar_io import native_consumer
+from ..pulsar_io.readers import HoldsMessages
+from ..pulsar_io.stall_watchdog import StallWatchdog
+from ..pulsar_io.subscribe import subscribe_promptly
 from .acker import BackgroundAcker
 from .intake import TargetCheck, classify
 from .intake_gaps import Entry, IntakeGaps
@@ -113,7 +113,7 @@ class SchedulingConsumer:
             found = gaps.read_if_due(consumer, idle=False)
             if found is not None:
                 return found
-        # Through the native consumer where there is one (pulsar_lifecycle.native_consumer): this
+        # Through the native consumer where there is one (pulsar_lifecycle.pulsar_io.native_consumer): this
         # runs once per scheduling message on the intake thread; acks go through the public one.
         msgs = native_consumer.batch_receive(consumer)
         if not msgs:

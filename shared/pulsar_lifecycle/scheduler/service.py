@@ -36,7 +36,7 @@ from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, encode, format_user_
 from ..bucket.records import DelayedMessage, Release
 from ..bucket.storage.lease import LeaseLostError
 from ..clock import Clock, wall_clock_ms
-from ..dedup.publisher import DedupPublisher, OutMessage, normalize_topic
+from ..dedup.publisher import DedupPublisher, OutMessage
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..durable import DurableWriteError
 from ..scheduling_protocol import (
@@ -49,6 +49,7 @@ from ..scheduling_protocol import (
     RELEASED_AT_PROP,
     format_origin_msg_id,
 )
+from ..topics import normalize_topic
 from .config import WriterConfig
 from .intake import Cancel, Invalid
 from .target_health import DEAD_LETTER, DEAD_TARGET_PROP, TargetHealth

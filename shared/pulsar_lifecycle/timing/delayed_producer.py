@@ -31,7 +31,7 @@ import pulsar
 
 from ..clock import wall_clock_ms as now_ms
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, key_hasher
-from ..producers import ProducerPool
+from ..pulsar_io.producers import ProducerPool
 from ..scheduling_protocol import (
     CANCEL_PROP,
     DELIVER_AT_PROP,

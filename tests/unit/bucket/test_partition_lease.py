@@ -22,7 +22,7 @@ from pulsar_lifecycle.bucket.storage.lease import (
     taken_lease,
 )
 from pulsar_lifecycle.clock import FakeClock
-from pulsar_lifecycle.partition_assignment import PartitionAssignment, assign_partitions
+from pulsar_lifecycle.scheduler.partition_assignment import PartitionAssignment, assign_partitions
 from pulsar_lifecycle.topics import TopicName
 
 # -- assignment -------------------------------------------------------------------------------

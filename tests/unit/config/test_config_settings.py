@@ -8,11 +8,11 @@ from typing import Any, Callable, Dict, List, Tuple
 import pytest
 
 from pulsar_lifecycle.bucket.config import BucketConfig
+from pulsar_lifecycle.cli.function_registry import FUNCTIONS
+from pulsar_lifecycle.config.example import ExampleConfig
 from pulsar_lifecycle.config.settings import ConfigError, settings_of, to_bool, to_int, to_str, to_str_list
 from pulsar_lifecycle.delaylevel.config import SyncerConfig
 from pulsar_lifecycle.deletion.config import DeletionConfig
-from pulsar_lifecycle.example import ExampleConfig
-from pulsar_lifecycle.function_registry import FUNCTIONS
 from pulsar_lifecycle.scheduler.config import WriterConfig
 
 REFUSED = object()

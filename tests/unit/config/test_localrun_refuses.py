@@ -6,9 +6,9 @@ from pathlib import Path
 import yaml
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.config.validate import function_problems, validate_config
-from pulsar_lifecycle.function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
 
 SHIPPED = Path(__file__).resolve().parents[3] / "function-configs" / "bucket-snapshot-writer.yaml"
 

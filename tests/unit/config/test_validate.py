@@ -21,7 +21,7 @@ SHIPPED = sorted((REPO / "function-configs").glob("*.yaml"))
 
 def _user_config_keys() -> Any:
     try:
-        from pulsar_lifecycle.function_registry import USER_CONFIG_KEYS
+        from pulsar_lifecycle.cli.function_registry import USER_CONFIG_KEYS
     except ImportError:
         return None
     return USER_CONFIG_KEYS
@@ -61,7 +61,7 @@ def test_shipped_config_is_valid(path: Path) -> None:
 
 
 def test_shipped_directory_is_valid() -> None:
-    from pulsar_lifecycle.function_registry import FUNCTION_CHECKS
+    from pulsar_lifecycle.cli.function_registry import FUNCTION_CHECKS
 
     assert validate_files([REPO / "function-configs"], _user_config_keys(), FUNCTION_CHECKS) == []
 
@@ -69,7 +69,7 @@ def test_shipped_directory_is_valid() -> None:
 def test_writer_values_and_inputs_are_checked(tmp_path: Path) -> None:
     """The writer's own checks: its userConfig values, direct intake's inputs (tick topic and the
     scheduling topic only) and one subscription for the scheduling topic's two consumers."""
-    from pulsar_lifecycle.function_registry import FUNCTION_CHECKS
+    from pulsar_lifecycle.cli.function_registry import FUNCTION_CHECKS
 
     cfg = yaml.safe_load((REPO / "function-configs" / "bucket-snapshot-writer.yaml").read_text())
     cfg["inputSpecs"]["persistent://public/default/other"] = {"serdeClassName": "pulsar_lifecycle.serde.BytesSerDe"}

@@ -11,7 +11,7 @@ from typing import List
 import yaml
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.config.system import FunctionTopology, Scheduling, Write, system_problems
 from support.paths import REPO
 

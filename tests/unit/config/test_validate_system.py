@@ -11,7 +11,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
+from pulsar_lifecycle.cli.up import plan_functions
 from pulsar_lifecycle.config.system import (
     FOR_OPERATORS,
     OUTPUT,
@@ -21,7 +22,6 @@ from pulsar_lifecycle.config.system import (
     system_problems,
 )
 from pulsar_lifecycle.scheduler.config import parse_writer_config
-from pulsar_lifecycle.tools.up import plan_functions
 from support.paths import REPO
 
 NS = "persistent://public/default"
@@ -214,8 +214,8 @@ def test_up_runs_a_custom_set_as_given_and_names_its_dead_ends(tmp_path: Path) -
 def test_inspect_syncer_says_whether_producers_park_on_its_topic_by_default() -> None:
     from rich.console import Console
 
-    from pulsar_lifecycle.tools.render import syncer_view
-    from pulsar_lifecycle.tools.syncer_view import SyncerReport
+    from pulsar_lifecycle.cli.render import syncer_view
+    from pulsar_lifecycle.cli.syncer_view import SyncerReport
 
     def head(topic: str) -> str:
         console = Console(width=400, record=True)
@@ -227,7 +227,7 @@ def test_inspect_syncer_says_whether_producers_park_on_its_topic_by_default() ->
 
 
 def test_the_worker_and_writer_say_where_their_delays_go() -> None:
-    from pulsar_lifecycle.function_registry import topology_of
+    from pulsar_lifecycle.cli.function_registry import topology_of
 
     inputs = [f"persistent://acme/system/__ledger_deletion{r}-partition-{k}" for r in ("", "-RETRY") for k in range(2)]
     worker = topology_of({"className": "ledger_deletion_worker.LedgerDeletionWorker", "inputs": inputs,

@@ -10,11 +10,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.function_registry import FUNCTION_CHECKS, TARGET_CHECKS, USER_CONFIG_KEYS
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.config.exceptions import ConfigError
 from pulsar_lifecycle.config.targets import TARGETS
 from pulsar_lifecycle.config.validate import validate_config
-from pulsar_lifecycle.function_registry import FUNCTION_CHECKS, TARGET_CHECKS, USER_CONFIG_KEYS
 from support.docs_blocks import config_of, doc_blocks
 from support.paths import REPO
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from pulsar_lifecycle.pulsar_io.subscribe import skip_consumer_ids
 from pulsar_lifecycle.runtime.broker import is_apache_pulsar
-from pulsar_lifecycle.subscribe import skip_consumer_ids
 
 JAVA = ["/usr/lib/jvm/java-17/bin/java", "-Xmx2g", "-cp", "/pulsar/lib/*", "org.apache.pulsar.PulsarStandaloneStarter",
         "--config", "/pulsar/conf/standalone.conf"]

@@ -7,7 +7,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pulsar_lifecycle.client_options import client_options, client_settings, conf_default
+from pulsar_lifecycle.cli.client_options import client_options, client_settings, conf_default
 from pulsar_lifecycle.runtime.client_conf import (
     ClientConfError,
     client_conf_path,

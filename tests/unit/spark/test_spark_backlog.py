@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP, TARGET_PROP
 from pulsar_lifecycle.spark.backlog import EXTERNAL_LEDGER_BASE, ClassifyOptions, classify_row
 from pulsar_lifecycle.spark.errors import SparkJobError

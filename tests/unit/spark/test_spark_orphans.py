@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.deletion.codec import decode
 from pulsar_lifecycle.deletion.topics import DeletionTopics
 from pulsar_lifecycle.runtime.client import quiet_client

@@ -9,7 +9,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.spark import paths
 from pulsar_lifecycle.spark.backlog import read_backlog
 from pulsar_lifecycle.spark.errors import SparkJobError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.spark.errors import SparkSetupError
 from pulsar_lifecycle.spark.session import check_java, parse_java_version
 

@@ -13,7 +13,7 @@ from pulsar_lifecycle.bucket import BucketConfig, DirectorySnapshotStorage
 from pulsar_lifecycle.bucket.codec import Manifest, ReleaseCursor, SnapshotMetadata, parse_segment, segment_items
 from pulsar_lifecycle.bucket.segments import cut_segments, snapshot_metadata
 from pulsar_lifecycle.bucket.storage import write_whole
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.spark.backlog import ClassifyOptions
 from pulsar_lifecycle.spark.progress import JobProgress
 from pulsar_lifecycle.spark.seed.driver import run_seed

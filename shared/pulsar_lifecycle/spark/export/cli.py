@@ -7,8 +7,8 @@ from typing import Optional, Tuple
 
 import click
 
-from ...client_options import client_options
-from ...local_paths import absolute_path
+from ...cli.client_options import client_options
+from ...runtime.local_paths import absolute_path
 from ..errors import SparkJobError
 
 
@@ -65,7 +65,7 @@ def export_backlog(out_dir: str, service_url: Optional[str], topics: Tuple[str, 
         else:
             if not (topics and subscription):
                 raise click.UsageError("draining needs --service-url, --topic and --subscription (or use --from-jobs)")
-            from ...client_options import client_settings
+            from ...cli.client_options import client_settings
             from ...runtime.connect import open_client
 
             settings = client_settings(service_url)  # no URL here nor in a client.conf: one line

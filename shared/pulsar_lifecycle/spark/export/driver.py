@@ -26,9 +26,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
-from ...readers import Entry
+from ...pulsar_io.readers import Entry
+from ...pulsar_io.subscribe import random_skip, skip_consumer_ids, subscribe_promptly
 from ...state.directory import atomic_write
-from ...subscribe import random_skip, skip_consumer_ids, subscribe_promptly
 from ..backlog import EXPORT_SCHEMA, external_rows, protocol_columns
 from ..errors import SparkJobError
 from .held import raise_floor, read_held_all

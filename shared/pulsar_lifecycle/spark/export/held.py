@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import pulsar
 
-from ...readers import Entry, close_quietly, has_more, reader_at
+from ...pulsar_io.readers import Entry, close_quietly, has_more, reader_at
 from ...topics import TopicName, TopicNameError
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from ...deletion.cli import delay_options, deletion_topic_options
+from ...cli.deletion_cli import delay_options, deletion_topic_options
 from ..cli import master_option, register
 from ..errors import SparkJobError
 from .model import ADMIN_COMPONENTS, ALL_COMPONENTS, STATUSES, ListingError, parse_duration_ms
@@ -177,7 +177,7 @@ def orphans(master: Optional[str], shared_fs: bool, bookie_url: Tuple[str, ...],
             state = ScanStateDir(Path(state_dir))
             service = client = None
             if enqueue:
-                from ...deletion.cli import build_service
+                from ...cli.deletion_cli import build_service
 
                 service, client = build_service(opts, send_delay_seconds, delay_backend, scheduling_topic)
             try:

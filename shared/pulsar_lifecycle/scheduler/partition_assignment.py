@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Tuple
 
-from .topics import TopicName
+from ..topics import TopicName
 
 __all__ = ["PartitionAssignment", "assign_partitions", "partition_label"]
 

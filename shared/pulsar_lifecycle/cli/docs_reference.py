@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import List
 
-from .config.settings import settings_table
+from ..config.settings import settings_table
 from .function_registry import FUNCTIONS
 
 __all__ = ["render", "section_table", "stale_sections"]

@@ -12,9 +12,9 @@ from typing import Any, Optional, Tuple
 
 import click
 
-from .config.function_config import FunctionConfigError, FunctionSpec, load_function_config, spec_from_config
-from .runtime.broker import DEFAULT_CONNECT_TIMEOUT_S, broker_hosts
-from .topics import TopicName, TopicNameError, is_named_entity
+from ..config.function_config import FunctionConfigError, FunctionSpec, load_function_config, spec_from_config
+from ..runtime.broker import DEFAULT_CONNECT_TIMEOUT_S, broker_hosts
+from ..topics import TopicName, TopicNameError, is_named_entity
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _UNIT_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}

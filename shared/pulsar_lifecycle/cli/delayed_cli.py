@@ -22,7 +22,10 @@ from typing import Any, Dict, Optional, Tuple
 
 import click
 
-from ..cli_args import (
+from ..clock import wall_clock_ms
+from ..scheduling_protocol import MessageRef, ProtocolError
+from ..topics import partition_name, strip_partition
+from .args import (
     check_service_url,
     check_topic,
     connect_timeout_option,
@@ -31,10 +34,7 @@ from ..cli_args import (
     parse_duration_ms,
     parse_time_ms,
 )
-from ..client_options import client_options, client_settings, conf_default
-from ..clock import wall_clock_ms
-from ..scheduling_protocol import MessageRef, ProtocolError
-from ..topics import partition_name, strip_partition
+from .client_options import client_options, client_settings, conf_default
 
 log = logging.getLogger(__name__)
 

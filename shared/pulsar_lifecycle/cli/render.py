@@ -8,8 +8,8 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from ..cli_args import format_ms
 from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
+from .args import format_ms
 from .deletion_view import DeletionReport
 from .syncer_view import SyncerReport
 from .writer_view import WriterReport, report_dict

@@ -15,12 +15,9 @@ from typing import Any, Dict, List, Optional
 
 import click
 
-from ..cli_args import connect_timeout_option
-from ..client_options import client_options, conf_default
 from ..config.settings import defaults_of
-from ..up_manifest import running_function
-from .config import DeletionConfig
-from .model import (
+from ..deletion.config import DeletionConfig
+from ..deletion.model import (
     InvalidRequestError,
     LedgerComponent,
     LedgerContext,
@@ -29,7 +26,10 @@ from .model import (
     PendingDeleteLedgerInfo,
     TopicRef,
 )
-from .topics import SCOPES, DeletionTopics
+from ..deletion.topics import SCOPES, DeletionTopics
+from .args import connect_timeout_option
+from .client_options import client_options, conf_default
+from .up_manifest import running_function
 
 
 def _topics(opts: Dict[str, Any]) -> DeletionTopics:
@@ -70,7 +70,7 @@ def worker_terms(worker_config: Optional[str], data_dir: str, service_url: Optio
             where = "up's embedded broker" if running.embedded else service_url
             return WorkerTerms(f"the LedgerDeletionWorker `up` runs on {where} ({running.config})",
                                running.user_config, running.embedded)
-    from ..cli_args import function_config_option
+    from .args import function_config_option
 
     found = function_config_option(worker_config, DEFAULT_WORKER_CONFIG, "--worker-config")
     if found is None:
@@ -138,15 +138,15 @@ def _client(url: str, connect_timeout_s: Optional[float] = None) -> Any:
     Raises BrokerError naming the URL and the time waited instead of letting every producer
     time out on its own.
     """
-    from ..client_options import client_settings
     from ..runtime.connect import open_client
+    from .client_options import client_settings
 
     return open_client(client_settings(url), connect_timeout_s)
 
 
 def _check_connection_options(opts: Dict[str, Any]) -> DeletionTopics:
     """The deletion topics and the service URL, checked before anything connects."""
-    from ..cli_args import check_service_url
+    from .args import check_service_url
 
     if not opts.get("service_url"):
         raise click.BadParameter("a broker URL is needed (pulsar://host:6650)", param_hint="--service-url")
@@ -156,7 +156,7 @@ def _check_connection_options(opts: Dict[str, Any]) -> DeletionTopics:
 
 def _check_delay(delay_seconds: int, backend: str, scheduling_topic: Optional[str]) -> None:
     """The phase-one delay options, checked before anything connects."""
-    from ..cli_args import check_topic
+    from .args import check_topic
 
     if delay_seconds < 0:
         raise click.BadParameter(f"must be >= 0, got {delay_seconds}", param_hint="--send-delay-seconds")
@@ -228,8 +228,8 @@ def build_service(opts: Dict[str, Any], delay_seconds: int, backend: Optional[st
     of None is the worker's (`worker`, else found by worker_terms), see resolve_delay.
 
     Close both with close_service(service, client)."""
+    from ..deletion.service import LedgerDeletionService
     from ..timing import DelayedProducer
-    from .service import LedgerDeletionService
 
     topics = _check_connection_options(opts)  # bad options fail before any connection is made
     if backend is None:
@@ -305,7 +305,7 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
         except ValueError as exc:
             raise click.BadParameter(f"--offload-uuid: {exc}") from exc
         ctx, ltype = LedgerContext(ledger_id, offload_context=oc), LedgerType.OFFLOAD_LEDGER
-    from .service import PendingDeleteSendError
+    from ..deletion.service import PendingDeleteSendError
 
     info = _pending_info(topic, ledger_id, ctx, component, ltype, not skip_in_use_check,
                          {"cursor": cursor} if cursor else None, _check_connection_options(opts))
@@ -337,11 +337,11 @@ def enqueue(topic: str, ledger_id: int, component: str, offload_uuid: Optional[s
 def enqueue_topic(topic: str, admin_url: str, skip_in_use_check: bool, send_delay_seconds: int, delay_backend: str,
                   scheduling_topic: Optional[str], **opts: Any) -> None:
     """Enqueue every ledger of a topic (data, cursor and schema ledgers) for two-phase deletion."""
-    from ..cli_args import check_http_url
-    from ..client_options import client_settings
+    from ..deletion.admin import AdminAccess, PulsarAdminClient
+    from ..deletion.operator import enqueue_topic_ledgers
     from ..runtime.client_conf import token_of, token_role
-    from .admin import AdminAccess, PulsarAdminClient
-    from .operator import enqueue_topic_ledgers
+    from .args import check_http_url
+    from .client_options import client_settings
 
     admin_url = check_http_url("--admin-url", admin_url) or admin_url
     settings = client_settings(opts.get("service_url"))
@@ -376,7 +376,7 @@ def dlq() -> None:
 @connect_timeout_option
 def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, connect_timeout: Optional[float], **opts: Any) -> None:
     """Print dead letters not yet replayed, one JSON object per line."""
-    from .operator import list_dlq
+    from ..deletion.operator import list_dlq
 
     topics = _check_connection_options(opts)
     client = _client(opts["service_url"], connect_timeout)
@@ -398,7 +398,7 @@ def dlq_list(tenant: Optional[str], max_messages: int, idle_timeout: float, conn
 def dlq_replay(tenant: Optional[str], max_messages: int, idle_timeout: float, ledger_id: Optional[int],
                reason_contains: Optional[str], connect_timeout: Optional[float], **opts: Any) -> None:
     """Send dead letters back to the deletion topic with a fresh retry budget."""
-    from .operator import replay_dlq
+    from ..deletion.operator import replay_dlq
 
     def select(entry: Any) -> bool:
         if ledger_id is not None and entry.ledger_id != ledger_id:

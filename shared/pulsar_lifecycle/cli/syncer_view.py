@@ -29,8 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import pulsar
 
-from ..cli_args import format_ms
-from ..dedup.publisher import normalize_topic, snapshot_key
+from ..dedup.publisher import snapshot_key
 from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY, read_tail
 from ..dedup.sequence_map import DedupSnapshot, Position, SnapshotFormatError
 from ..delaylevel.admin import AdminView
@@ -40,9 +39,11 @@ from ..delaylevel.forwarder import HANDLED_KEY_PREFIX, PROBLEM_KEY_PREFIX
 from ..delaylevel.rule import forward_at, parse_parked, partition_topic, source_position
 from ..delaylevel.service import PARTITIONS_KEY
 from ..deletion.admin import AdminAccess
-from ..readers import has_more, holding_messages, reader_at
+from ..pulsar_io.readers import has_more, holding_messages, reader_at
 from ..scheduler.context_state import ContextStateStore
 from ..state import StateStore
+from ..topics import normalize_topic
+from .args import format_ms
 from .common import InspectError, StateReader
 
 log = logging.getLogger(__name__)

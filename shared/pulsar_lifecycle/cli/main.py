@@ -9,11 +9,11 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import click
 
-from .cli_args import connect_timeout_option
+from ..config.settings import ConfigError, user_config_from_json
+from ..logging_setup import ClientLogRotation, default_client_log, route_client_log, setup_logging
+from ..runtime.local_paths import absolute_path
+from .args import connect_timeout_option
 from .client_options import client_options, conf_default
-from .config.settings import ConfigError, user_config_from_json
-from .local_paths import absolute_path
-from .logging_setup import ClientLogRotation, default_client_log, route_client_log, setup_logging
 
 
 class _OneLineErrors(click.Group):
@@ -38,13 +38,13 @@ class _OneLineErrors(click.Group):
 # Spark's helpers), which a writer restart waits out before its first release. A group whose
 # module is missing is left out; the others work.
 OPTIONAL_GROUPS = {
-    "deletion": ("pulsar_lifecycle.deletion.cli", "deletion"),
-    "demo": ("pulsar_lifecycle.demo", "demo"),
+    "deletion": ("pulsar_lifecycle.cli.deletion_cli", "deletion"),
+    "demo": ("pulsar_lifecycle.cli.demo", "demo"),
     "spark": ("pulsar_lifecycle.spark.cli", "spark"),
     "export-backlog": ("pulsar_lifecycle.spark.export.cli", "export_backlog"),
-    "inspect": ("pulsar_lifecycle.tools.inspect_cli", "inspect_group"),
-    "delayed": ("pulsar_lifecycle.tools.delayed_cli", "delayed"),
-    "up": ("pulsar_lifecycle.tools.up_cli", "up"),
+    "inspect": ("pulsar_lifecycle.cli.inspect_cli", "inspect_group"),
+    "delayed": ("pulsar_lifecycle.cli.delayed_cli", "delayed"),
+    "up": ("pulsar_lifecycle.cli.up_cli", "up"),
 }
 
 
@@ -70,7 +70,7 @@ class _MainGroup(_OneLineErrors):
 
 def one_line_error(exc: BaseException) -> str:
     """`exc` as one line: the package's own errors as they are, others with their type."""
-    from .exceptions import PulsarLifecycleError
+    from ..exceptions import PulsarLifecycleError
 
     text = " ".join(str(exc).split()) or repr(exc)
     if isinstance(exc, (PulsarLifecycleError, click.ClickException)):
@@ -149,11 +149,11 @@ def localrun(config_file: Optional[str], broker_service_url: Optional[str], stat
              hostname_verification_enabled: bool, tls_trust_cert_path: Optional[str], instance_id_offset: int,
              num_instances: Optional[int], metrics_port: Optional[int], data_dir: str, embedded_broker_port: int, run_seconds: Optional[float]) -> None:
     """Run a function locally, like `pulsar-admin functions localrun`."""
-    from .config.function_config import FunctionConfigError, load_function_config, merged_config, spec_from_config
-    from .config.validate import function_problems
+    from ..config.function_config import FunctionConfigError, load_function_config, merged_config, spec_from_config
+    from ..config.validate import function_problems
+    from ..runtime.client import ClientSettings
+    from ..runtime.localrun import LocalRunner, LocalRunOptions
     from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
-    from .runtime.client import ClientSettings
-    from .runtime.localrun import LocalRunner, LocalRunOptions
 
     log = logging.getLogger("pulsar_lifecycle.localrun")
     try:
@@ -222,7 +222,7 @@ def validate(target: str, system: bool, delay_level_topics: Tuple[str, ...], fil
     """Check function-config YAMLs for where they will run (exit 1 on problems): by default as
     pulsar-admin functions create accepts and Pulsar's Python runtime starts them; with --system
     also as one set (a directory means its *.yaml files)."""
-    from .config.validate import validate_each
+    from ..config.validate import validate_each
     from .function_registry import FUNCTION_CHECKS, TARGET_CHECKS, USER_CONFIG_KEYS
 
     results = validate_each(list(files), user_config_keys=USER_CONFIG_KEYS, function_checks=FUNCTION_CHECKS,
@@ -249,9 +249,9 @@ def validate(target: str, system: bool, delay_level_topics: Tuple[str, ...], fil
 
 def _system_dead_ends(files: Tuple[str, ...], delay_level_topics: Tuple[str, ...]) -> List[str]:
     """`validate --system`'s findings (config/system.py), with the delay-level topics producers use."""
-    from .cli_args import check_topic
-    from .config.validate import system_check
-    from .delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
+    from ..config.validate import system_check
+    from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
+    from .args import check_topic
     from .function_registry import topology_of
 
     parked = [(check_topic("--delay-level-topic", t), "--delay-level-topic") for t in delay_level_topics]
@@ -269,7 +269,7 @@ def _system_dead_ends(files: Tuple[str, ...], delay_level_topics: Tuple[str, ...
 def package(project_dir: str, out_dir: str, stem: str, python_version: Optional[str], platform_tag: Optional[str],
             exclude: Tuple[str, ...], wheel: bool) -> None:
     """Build the zip `pulsar-admin functions create --py` takes (and a wheel)."""
-    from .packaging.zip_builder import build_function_zip, build_wheel
+    from ..packaging.zip_builder import build_function_zip, build_wheel
 
     zpath = build_function_zip(Path(project_dir), Path(out_dir), stem=stem, python_version=python_version,
                                platform=platform_tag, exclude=exclude)
@@ -298,10 +298,10 @@ def send_ticks(service_url: str, tick_topic: str, count: Optional[int], instance
     Example: pulsar-lifecycle send-ticks --service-url pulsar://broker:6650
     --tick-topic persistent://public/default/delayed-ticks --instances 4
     """
-    from .cli_args import check_topic
+    from ..runtime.connect import open_client
+    from ..scheduler.wake import send_start_ticks
+    from .args import check_topic
     from .client_options import client_settings
-    from .runtime.connect import open_client
-    from .scheduler.wake import send_start_ticks
 
     check_topic("--tick-topic", tick_topic)  # before connecting: a typo fails at once
     client = open_client(client_settings(service_url), connect_timeout)

@@ -6,14 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Collection, Dict, List, Mapping, Optional, Tuple
 
-from .bucket.config import BucketConfig
-from .config.settings import settings_of, user_config_keys
-from .config.system import FunctionTopology, generic_topology
-from .delaylevel.config import SyncerConfig, syncer_topology
-from .deletion.config import DeletionConfig, worker_topology
-from .example import ExampleConfig
-from .scheduler.config import WriterConfig, check_writer_inputs, writer_topology
-from .scheduler.snapshot_location import location_problems
+from ..bucket.config import BucketConfig
+from ..config.example import ExampleConfig
+from ..config.settings import settings_of, user_config_keys
+from ..config.system import FunctionTopology, generic_topology
+from ..delaylevel.config import SyncerConfig, syncer_topology
+from ..deletion.config import DeletionConfig, worker_topology
+from ..scheduler.config import WriterConfig, check_writer_inputs, writer_topology
+from ..scheduler.snapshot_location import location_problems
 
 FunctionCheck = Callable[[Mapping[str, Any]], List[str]]
 #: (function config, target) -> problems there; targets in config/targets.py.

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
-from .config.settings import check_settings, parse_settings, setting
+from .settings import check_settings, parse_settings, setting
 
 __all__ = ["ExampleConfig"]
 

@@ -16,8 +16,8 @@ from typing import Any, Callable, Dict, Optional
 
 import click
 
-from .runtime.client import ClientSettings
-from .runtime.client_conf import (
+from ..runtime.client import ClientSettings
+from ..runtime.client_conf import (
     CLIENT_CONF_ENV,
     ClientConfError,
     client_conf_path,
@@ -27,7 +27,7 @@ from .runtime.client_conf import (
 
 __all__ = ["client_options", "client_settings", "conf_default"]
 
-_META = "pulsar_lifecycle.client_options"
+_META = "pulsar_lifecycle.cli.client_options"
 
 
 def _options(ctx: Optional[click.Context]) -> Dict[str, Any]:

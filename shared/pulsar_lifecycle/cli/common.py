@@ -8,7 +8,7 @@ from typing import Any, Optional, Tuple
 import pulsar
 
 from ..exceptions import PulsarLifecycleError
-from ..readers import has_more, reader_at
+from ..pulsar_io.readers import has_more, reader_at
 from ..state import StateStore, open_state_store
 from ..state.base import table_namespace
 

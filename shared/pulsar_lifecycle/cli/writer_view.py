@@ -18,16 +18,17 @@ from typing import Any, Dict, List, Optional
 
 from ..bucket.inspection import IndexView, view_index
 from ..bucket.storage import BucketSnapshotStorage, DirectorySnapshotStorage, bookkeeper_snapshot_reader
-from ..dedup.publisher import normalize_topic, snapshot_key
+from ..dedup.publisher import snapshot_key
 from ..dedup.sequence_map import DedupSnapshot, SnapshotFormatError
 from ..exceptions import PulsarLifecycleError
-from ..partition_assignment import partition_label
 from ..scheduler.config import WriterConfig, parse_writer_config, scheduling_input
 from ..scheduler.context_state import ContextStateStore
 from ..scheduler.factory import default_snapshot_dir
 from ..scheduler.index_identity import STATE_KEY
+from ..scheduler.partition_assignment import partition_label
 from ..scheduler.service import STATUS_KEY
 from ..state import StateStore
+from ..topics import normalize_topic
 from .common import InspectError, StateReader, open_state_reader
 
 log = logging.getLogger(__name__)

@@ -28,23 +28,23 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from .bucket.storage.directory import DirectorySnapshotStorage
-from .config.function_config import load_function_config, spec_from_config
-from .delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
-from .delaylevel.producer import DelayLevelProducer
-from .delaylevel.rule import ORIGIN_PARTITION_PROP
-from .deletion.admin import PulsarAdminClient
-from .deletion.model import TopicRef
-from .deletion.topics import DeletionTopics
-from .local_paths import absolute_path
-from .runtime.broker import EmbeddedBroker
-from .runtime.client import quiet_client, receive_messages
-from .runtime.localrun import LocalRunner, LocalRunOptions
-from .runtime.pulsar_release import cache_root, java_executable, pinned_version, resolve
-from .runtime.pulsar_standalone import PulsarStandalone
-from .scheduler.wake import send_start_ticks
-from .scheduling_protocol import RELEASED_AT_PROP
-from .timing import DelayedProducer, now_ms
+from ..bucket.storage.directory import DirectorySnapshotStorage
+from ..config.function_config import load_function_config, spec_from_config
+from ..delaylevel import DelayLevelTopicPartitionStrategy, PartitionBy
+from ..delaylevel.producer import DelayLevelProducer
+from ..delaylevel.rule import ORIGIN_PARTITION_PROP
+from ..deletion.admin import PulsarAdminClient
+from ..deletion.model import TopicRef
+from ..deletion.topics import DeletionTopics
+from ..runtime.broker import EmbeddedBroker
+from ..runtime.client import quiet_client, receive_messages
+from ..runtime.local_paths import absolute_path
+from ..runtime.localrun import LocalRunner, LocalRunOptions
+from ..runtime.pulsar_release import cache_root, java_executable, pinned_version, resolve
+from ..runtime.pulsar_standalone import PulsarStandalone
+from ..scheduler.wake import send_start_ticks
+from ..scheduling_protocol import RELEASED_AT_PROP
+from ..timing import DelayedProducer, now_ms
 
 log = logging.getLogger(__name__)
 

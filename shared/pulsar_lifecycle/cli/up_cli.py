@@ -10,10 +10,10 @@ from typing import Any, Optional, Tuple
 
 import click
 
-from ..cli_args import check_service_url
-from ..client_options import client_options, client_settings, conf_default
-from ..local_paths import absolute_path
 from ..logging_setup import log_to_file
+from ..runtime.local_paths import absolute_path
+from .args import check_service_url
+from .client_options import client_options, client_settings, conf_default
 
 log = logging.getLogger(__name__)
 
@@ -146,7 +146,7 @@ def _check_plans(plans: Any) -> None:
     """The checks `localrun` makes on each config, before anything starts."""
     from ..config.function_config import load_function_config, merged_config
     from ..config.validate import function_problems
-    from ..function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
+    from .function_registry import FUNCTION_CHECKS, USER_CONFIG_KEYS
 
     problems = []
     for plan in plans:

@@ -12,10 +12,10 @@ from typing import Any, Optional
 import click
 from rich.console import Console
 
-from ..cli_args import check_http_url, check_service_url, connect_timeout_option
-from ..client_options import client_options, client_settings, conf_default
 from ..clock import wall_clock_ms
-from ..local_paths import absolute_path
+from ..runtime.local_paths import absolute_path
+from .args import check_http_url, check_service_url, connect_timeout_option
+from .client_options import client_options, client_settings, conf_default
 
 
 def _spec(path: str, default_name: str) -> Any:

@@ -26,15 +26,15 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..config.function_config import load_function_config, spec_from_config
 from ..config.system import system_problems
 from ..delaylevel.rule import DEFAULT_DELAY_LEVEL_TOPIC
-from ..function_registry import USER_CONFIG_KEYS, topology_of
-from ..local_paths import absolute
 from ..logging_setup import ClientLogRotation, route_client_log
 from ..runtime.broker import EmbeddedBroker
 from ..runtime.client import ClientSettings, make_client
 from ..runtime.connect import open_client
+from ..runtime.local_paths import absolute
 from ..runtime.localrun import DataDirLock, LocalRunner, LocalRunOptions, prepare_data_dir
 from ..scheduler.wake import send_start_ticks
-from ..up_manifest import remove_manifest, write_manifest
+from .function_registry import USER_CONFIG_KEYS, topology_of
+from .up_manifest import remove_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 
