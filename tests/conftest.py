@@ -17,7 +17,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 pytest_plugins = ["support.broker_fixtures", "support.spark_fixtures", "support.deletion", "support.cli",
-                  "support.real_worker", "support.secured"]
+                  "support.real_worker", "support.secured", "support.xdist_groups"]
 
 # The directory says what a test needs, so `-m "not crash"` or `-m "not integration"` selects by layout
 # (modules may add `slow` and the like themselves).
