@@ -58,7 +58,10 @@ from support.real_worker import skip_unless_real_pulsar
 from support.worker_cluster import processes_left, start_worker_cluster, stop_worker_cluster
 
 REASON = "Pulsar's function workers run on the real standalone only"
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timing, pytest.mark.pulsar_only(REASON)]
+# Not `timing`: nothing here asserts a lateness bound (the lateness and the failover time are
+# printed, measured under whatever else the machine runs; the waits are bounded generously), so it
+# runs with the parallel pass instead of holding the serial one for 3 minutes.
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.pulsar_only(REASON)]
 
 PARTITIONS = 4
 WRITER_PARALLELISM = 2
