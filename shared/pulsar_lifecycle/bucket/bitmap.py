@@ -159,6 +159,21 @@ class LedgerBitmaps:
             bm |= packed
             self._count += len(bm) - before
 
+    def optimize(self, first_ledger: int, last_ledger: int) -> None:
+        """Compress the bitmaps of ledgers first_ledger..last_ledger into runs where that is
+        smaller (CRoaring's run_optimize). The ids added to a ledger are mostly consecutive
+        entries per batch index, which array containers keep at 2 bytes each: a ledger of 50,000
+        messages in batches of 1,000 drops from about 95 KB to about 20 KB. Same set."""
+        if last_ledger - first_ledger < len(self._maps):
+            for ledger in range(first_ledger, last_ledger + 1):
+                bm = self._maps.get(ledger)
+                if bm is not None:
+                    bm.run_optimize()
+        else:
+            for ledger, bm in self._maps.items():
+                if first_ledger <= ledger <= last_ledger:
+                    bm.run_optimize()
+
     def intersection(self, other: "LedgerBitmaps") -> "LedgerBitmaps":
         """A new set with the items in both."""
         out = LedgerBitmaps()

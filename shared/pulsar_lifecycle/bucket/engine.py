@@ -470,6 +470,10 @@ class BucketIndex:
                 self._buckets.append(bucket)
                 self._by_id[bucket.bucket_id] = bucket
                 self._snapshots.finished(bucket.bucket_id)
+            if self._mutable.start >= 0:
+                # Only the mutable bucket's ledgers gained ids since the last seal.
+                self._pending.optimize(self._mutable.start, self._mutable.end)
+                self._seen.optimize(self._mutable.start, self._mutable.end)
             self._mutable.clear()
             self._journal_cut = cut
         logger.info("sealed mutable bucket (%s): %d items -> bucket %s", reason, count,

@@ -153,3 +153,19 @@ def test_frame_is_what_the_columns_cut_at() -> None:
     mb = MutableBucket()
     mb.add([(1, 2, 3 << 10, frame(blob))], 2, 2, now_ms=0)
     assert mb.pop() == (1, 2, 3 << 10, frame(blob))
+
+
+def test_optimizing_ledger_bitmaps_keeps_the_set_and_shrinks_batched_ids() -> None:
+    from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
+
+    sets = LedgerBitmaps()
+    ids = [e for e in range(20_000)]  # index ids: entries of 1,024-message batches
+    for ledger in (3, 4, 900):
+        sets.add_many(ledger, ids)
+    before = sets.size_in_bytes()
+    members = list(sets.items())
+    sets.optimize(3, 4)  # ledger 900 is outside the range: left as it is
+    assert list(sets.items()) == members and len(sets) == 3 * 20_000
+    assert sets.size_in_bytes() < before * 2 / 3
+    sets.optimize(0, 1 << 40)  # a range wider than the ledgers held: walks the ledgers instead
+    assert list(sets.items()) == members and sets.size_in_bytes() < before / 3
