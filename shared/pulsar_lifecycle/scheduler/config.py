@@ -1,8 +1,8 @@
 """userConfig of BucketSnapshotWriter: declared once as WriterConfig fields (config/settings.py)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..bucket.config import BucketConfig
 from ..config.settings import (
@@ -16,17 +16,30 @@ from ..config.settings import (
     to_str,
     user_config_keys,
 )
-from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
 from ..dedup.partition_router import DEFAULT_KEY_HASHING, KEY_HASHINGS
-from ..deletion.config import DeletionConfig, to_http_urls
-from ..deletion.topics import DeletionTopics
 from ..topics import normalize_topic
+
+if TYPE_CHECKING:
+    from ..config.system import FunctionTopology
+
+# Not imported here: the deletion package and config.system (what `validate --system` reads) are
+# not on a writer's start path; importing them cost every start 15-35 ms (writer_topology and
+# _http_urls import them when called).
 
 TICK_MODES = ("hold", "runner", "chain")
 #: snapshotStorage values: `auto` decides per runtime (scheduler/snapshot_location.py).
 SNAPSHOT_STORAGES = ("auto", "directory", "bookkeeper")
-# The snapshotDeletion* keys mirror the LedgerDeletionWorker's: same defaults, declared there.
-_WORKER = {f.name: f.default for f in fields(DeletionConfig)}
+# The snapshotDeletion* keys mirror the LedgerDeletionWorker's and have its defaults: DeletionTopics'
+# namespace, topic name and parallelism (deletion/topics.py) and DeletionConfig's sendDelaySeconds.
+_WORKER = {"deletion_namespace": "pulsar/system", "deletion_topic_name": "__ledger_deletion",
+           "ledger_deletion_parallelism": 4, "send_delay_seconds": 60}
+
+
+def _http_urls(key: str, value: Any) -> Tuple[str, ...]:
+    """pulsarAdminUrl's converter, the LedgerDeletionWorker's (deletion/config.py to_http_urls)."""
+    from ..deletion.config import to_http_urls
+
+    return to_http_urls(key, value)
 
 
 @dataclass(frozen=True)
@@ -67,7 +80,7 @@ class WriterConfig:
     pulsar_admin_url: Tuple[str, ...] = setting(
         'pulsarAdminUrl', (),
         "Admin REST URL(s), comma-separated or a list, tried in turn (the LedgerDeletionWorker's key): where targetPermissionCheck reads grants; empty = no check.",
-        convert=to_http_urls)
+        convert=_http_urls)
     admin_token_secret: Optional[str] = setting(
         'adminTokenSecret', None,
         "Name of a function secret holding a Bearer token for the admin API (the LedgerDeletionWorker's key): a tenant admin of the scheduling topic's and the targets' tenants, or a super user.",
@@ -313,6 +326,9 @@ def check_writer_inputs(cfg: Mapping[str, Any]) -> List[str]:
 def writer_topology(cfg: Mapping[str, Any], source: str) -> FunctionTopology:
     """What a BucketSnapshotWriter config reads, writes and serves (`validate --system`);
     ValueError/ConfigError when the config cannot say."""
+    from ..config.system import FOR_OPERATORS, OUTPUT, FunctionTopology, Scheduling, Write, config_inputs, function_name
+    from ..deletion.topics import DeletionTopics
+
     raw = cfg.get("userConfig")
     user: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
     inputs = config_inputs(cfg)

@@ -5,7 +5,7 @@ import logging
 import uuid
 import weakref
 from dataclasses import dataclass, replace
-from typing import Any, Callable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
 from ..bucket import BucketIndex
 from ..bucket.storage import (
@@ -15,7 +15,6 @@ from ..bucket.storage import (
     bookkeeper_snapshot_storage,
     lock_exclusively,
 )
-from ..bucket.storage.directory_lease import DirectoryLease
 from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper
 from ..config.settings import ConfigError
 from ..dedup.publisher import DedupPublisher
@@ -27,13 +26,14 @@ from .context_state import ContextStateStore
 from .index_identity import STATE_KEY, check_index_identity
 from .intake import TargetCheck
 from .intake_gaps import GapClassifier, intake_gaps_for
-from .partition_assignment import PartitionAssignment, partition_label
-from .partitioned import FencedPublisher, PartitionedWriter
 from .runtime_input import RuntimeInput
 from .scheduling_consumer import SchedulingConsumer, SchedulingSubscription
 from .service import SchedulerService
 from .snapshot_location import BOOKKEEPER, default_snapshot_dir, snapshot_location
 from .wake import wake_after_failure
+
+if TYPE_CHECKING:
+    from .partitioned import PartitionedWriter
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,10 @@ def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: 
     """Take partition `partition`'s lease (LeaseBusyError while another owner holds it) and open
     its snapshot namespace behind the lease's fence; returns the store and the release check.
     The lease keeper (renews; releases on close) goes to `resources`."""
+    # Imported here, as in _build_partitioned: only a partitioned writer takes leases.
+    from ..bucket.storage.directory_lease import DirectoryLease
+    from .partition_assignment import partition_label
+
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
     owner = f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}"
     ttl_ms = cfg.partition_lease_seconds * 1000
@@ -116,6 +120,11 @@ def build_service(context: Any) -> Union[SchedulerService, PartitionedWriter]:
 
 
 def _build_partitioned(context: Any, cfg: WriterConfig, scheduling: str, direct: bool, fqfn: str) -> PartitionedWriter:
+    # Imported here: an unpartitioned writer (the shipped config) does not load the partition
+    # machinery at its start.
+    from .partition_assignment import PartitionAssignment, partition_label
+    from .partitioned import PartitionedWriter
+
     if not direct:
         raise ConfigError("userConfig schedulingTopicPartitions > 0 needs direct intake (schedulingTopic)")
     if normalize_topic(scheduling) in [normalize_topic(t) for t in context.get_input_topics()]:
@@ -197,7 +206,11 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             rules = GapClassifier(sub.max_delay_ms, sub.allowed_target_prefixes, target_check)
             source_factory = lambda: SchedulingConsumer(client, sub, gaps=intake_gaps_for(  # noqa: E731 - opened after recovery
                 client, names.topic, engine, dedup_state, identity.index_id, rules, sole_consumer))
-        sender: Any = publisher if release_check is None else FencedPublisher(publisher, release_check)
+        sender: Any = publisher
+        if release_check is not None:  # a partition's lease fences its releases
+            from .partitioned import FencedPublisher
+
+            sender = FencedPublisher(publisher, release_check)
         service = SchedulerService(engine, sender, cfg, default_target,
                                    cfg.invalid_message_topic or f"{names.base_topic}-INVALID",
                                    client, context.record_metric, resources=resources, source_factory=source_factory,
