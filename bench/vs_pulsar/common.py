@@ -126,6 +126,11 @@ def wait_until(count: Callable[[], int], target: int, until_mono: float, poll_s:
         time.sleep(poll_s)
 
 
+def ratio(a: Optional[float], b: Optional[float]) -> str:
+    """a / b to two places, or "n/a" when either is missing (or b is 0): the summaries' ratios."""
+    return f"{a / b:.2f}" if a is not None and b else "n/a"
+
+
 def stats_of(values: Sequence[float]) -> Dict[str, float]:
     return {"p50": wc.percentile(values, 50), "p99": wc.percentile(values, 99), "max": max(values),
             "min": min(values), "early": float(sum(1 for v in values if v < 0))}

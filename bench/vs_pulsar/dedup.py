@@ -22,6 +22,7 @@ from vs_pulsar.common import (
     Ctx,
     fresh_dir,
     fresh_topic,
+    ratio,
 )
 
 # the command whose `dedup-child` subcommand runs dedup_child in a process of its own
@@ -244,8 +245,6 @@ def dedup(ctx: Ctx, label: str) -> Dict[str, Any]:
 
 def summary_dedup(results: Dict[str, Dict[str, Any]]) -> None:
     """The summary's de-duplication lines: DedupPublisher against each broker variant and the best exact one."""
-    from vs_pulsar.report import ratio  # here: report imports this module
-
     dd = results.get("dedup", {})
     ours = dd.get("DedupPublisher")
     for who, r in dd.items():

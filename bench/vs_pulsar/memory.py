@@ -21,6 +21,7 @@ from vs_pulsar.common import (
     Ctx,
     fresh_topic,
     load,
+    ratio,
     spread_24h,
     start_writer,
     sub_stats,
@@ -313,8 +314,6 @@ def memory_native(ctx: Ctx, label: str) -> Dict[str, Any]:
 
 def summary_memory(results: Dict[str, Dict[str, Any]]) -> None:
     """The summary's memory lines: the writer against each tracker's own growth."""
-    from vs_pulsar.report import ratio  # here: report imports this module
-
     bucket = "bucket"
     mem = results.get("memory", {})
     w_mem = mem.get("writer")

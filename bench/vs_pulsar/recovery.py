@@ -15,6 +15,7 @@ from vs_pulsar.common import (
     BenchFailure,
     Ctx,
     load,
+    ratio,
 )
 
 
@@ -170,8 +171,6 @@ def recovery_native(ctx: Ctx, label: str) -> Dict[str, Any]:
 
 def summary_recovery(results: Dict[str, Dict[str, Any]]) -> None:
     """The summary's restart lines: writer instance restarts against the trackers' topic unloads."""
-    from vs_pulsar.report import ratio  # here: report imports this module
-
     bucket = "bucket"
     rec = results.get("recovery", {})
     w_rec = rec.get("writer")

@@ -4,14 +4,11 @@ from __future__ import annotations
 import statistics
 from typing import Any, Dict, List, Optional
 
+from vs_pulsar.common import ratio
 from vs_pulsar.dedup import summary_dedup
 from vs_pulsar.memory import summary_memory
 from vs_pulsar.plans import payload_of_label, tick_of_label
 from vs_pulsar.recovery import summary_recovery
-
-
-def ratio(a: Optional[float], b: Optional[float]) -> str:
-    return f"{a / b:.2f}" if a is not None and b else "n/a"
 
 
 def get(results: Dict[str, Dict[str, Any]], part: str, who: str, key: str) -> Optional[float]:
