@@ -169,6 +169,10 @@ class PulsarAdmin:
     timeout_s: float = 180.0
     # pulsar-admin's global options after --admin-url (a secured cluster's --auth-plugin ...).
     global_args: Tuple[str, ...] = ()
+    # What the admin REST API wants besides the URL (a secured worker: the token's header, an ssl
+    # context trusting its CA): the waits below read the function's status from it directly.
+    rest_headers: Mapping[str, str] = field(default_factory=dict)
+    rest_context: Any = None
     _java: str = field(default="", init=False, repr=False)
     _classpath: str = field(default="", init=False, repr=False)
 
@@ -194,7 +198,9 @@ class PulsarAdmin:
         return cls(standalone.admin_url_tls, standalone.service_url_tls, work_dir,
                    global_args=("--auth-plugin", AUTH_TOKEN_PLUGIN,
                                 "--auth-params", f"token:{standalone.token(role or standalone.super_user)}",
-                                "--tls-trust-cert-path", str(standalone.ca_path)))
+                                "--tls-trust-cert-path", str(standalone.ca_path)),
+                   rest_headers={"Authorization": f"Bearer {standalone.token(role or standalone.super_user)}"},
+                   rest_context=standalone.ssl_context())
 
     def write_shim(self, bin_dir: Path) -> Path:
         """A `pulsar-admin` script in `bin_dir` running this CLI, for commands run as a shell runs them."""
@@ -284,16 +290,30 @@ class PulsarAdmin:
         with urllib.request.urlopen(f"{self.admin_url}/metrics/", timeout=30) as resp:
             return resp.read().decode()
 
+    def status_rest(self, fqfn: str) -> Optional[Dict[str, Any]]:
+        """The function's status as `functions status` gets it (GET /admin/v3/functions/<fqfn>/status,
+        the same FunctionStatus JSON), read without starting the CLI's JVM; None while the worker
+        does not answer it (not yet scheduled, leader not ready)."""
+        req = urllib.request.Request(f"{self.admin_url}/admin/v3/functions/{fqfn}/status", headers=dict(self.rest_headers))
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=self.rest_context) as resp:
+                return json.loads(resp.read())
+        except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors
+            return None
+
     def wait_running(self, fqfn: str, instances: int, timeout_s: float = 300,
                      since_restarts: Optional[Dict[int, int]] = None) -> Dict[str, Any]:
-        """Until `functions status` shows `instances` running (each past `since_restarts[i]`
-        restarts when given); AssertionError with the last status and the instances' logs."""
+        """Until the function's status (`status_rest`: what `functions status` prints) shows
+        `instances` running (each past `since_restarts[i]` restarts when given); AssertionError
+        with the last status. Polled over REST: a `pulsar-admin` run costs a JVM start, about 3 s
+        of CPU, each second of a wait; the tests run the CLI's own `functions status` where they
+        check it."""
         deadline = time.monotonic() + timeout_s
         last: Dict[str, Any] = {}
         while time.monotonic() < deadline:
-            res = self.run("functions", "status", *self._fn(fqfn), check=False)
-            if res.returncode == 0:
-                last = json.loads(res.stdout)
+            got = self.status_rest(fqfn)
+            if got is not None:
+                last = got
                 running = [i for i in last.get("instances", []) if i.get("status", {}).get("running")]
                 fresh = [i for i in running if since_restarts is None
                          or i["status"].get("numRestarts", 0) > since_restarts.get(i["instanceId"], -1)]
