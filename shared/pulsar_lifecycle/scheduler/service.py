@@ -18,7 +18,6 @@ publisher drops the ones already on the topic: nothing lost, nothing twice.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import logging
 import queue
@@ -37,7 +36,6 @@ from ..bucket.records import DelayedMessage, Release
 from ..bucket.storage.lease import LeaseLostError
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher, OutMessage
-from ..dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from ..durable import DurableWriteError
 from ..scheduling_protocol import (
     BATCH_INDEX_PROP,
@@ -51,8 +49,9 @@ from ..scheduling_protocol import (
 )
 from ..topics import normalize_topic
 from .config import WriterConfig
+from .dead_letter import DeadLetters
 from .intake import Cancel, Invalid
-from .target_health import DEAD_LETTER, DEAD_TARGET_PROP, TargetHealth
+from .target_health import DEAD_LETTER, TargetHealth
 
 log = logging.getLogger(__name__)
 # Recorded (value 1) each time the index could not be made durable (ENOSPC, EROFS, ...): the
@@ -78,29 +77,8 @@ DEAD_LETTERED_METRIC = "pulsar_lifecycle_scheduler_dead_lettered_total"
 # reads, and of the highest sequence id dead-lettered per target (a replay after a crash sends
 # those to the dead-letter topic again, where de-duplication drops them, never to the target).
 STATUS_KEY = "writer-status"
-DEAD_MARK_PREFIX = "dead-target"
 # An outstanding release whose target is held: the watermark stops at it.
 HELD = "\x00held"
-
-
-def dead_letter_producer(producer_name: str, target: str) -> str:
-    """The dead-letter producer name for releases of `target`: one per target, so the sequence ids
-    each de-duplicates on increase (a target's releases are dead-lettered in release order)."""
-    digest = hashlib.sha1(normalize_topic(target).encode("utf-8")).hexdigest()[:8]
-    return f"{producer_name}-dlq-{digest}"
-
-
-class _DeadDest:
-    """Where a dead-lettered release went: a destination of the target's dead-letter publisher."""
-
-    __slots__ = ("publisher", "topic")
-
-    def __init__(self, publisher: Any, topic: str) -> None:
-        self.publisher = publisher
-        self.topic = topic
-
-    def persisted(self) -> int:
-        return int(self.publisher.persisted_seq(self.topic))
 
 
 def persist_failure(exc: BaseException) -> Optional[DurableWriteError]:
@@ -256,10 +234,7 @@ class SchedulerService:
         self._failed_seen: Dict[str, str] = {}  # failed destinations already held
         self._norm: Dict[str, str] = {}
         self.dead_letter_topic = dead_letter_topic or f"{invalid_topic.rsplit('-INVALID', 1)[0]}-DLQ"
-        self._dead_marks: Dict[str, Tuple[int, str]] = {}
-        self._dead_publishers: Dict[str, DedupPublisher] = {}
-        self._dead_dests: Dict[Tuple[str, str], _DeadDest] = {}
-        self.dead_lettered = 0
+        self._dead = DeadLetters(publisher, self.dead_letter_topic, self._full)
         self._status_written = ""
         self._committed = 0
         self._invalid_producer: Any = None
@@ -362,7 +337,7 @@ class SchedulerService:
             log.warning("event=scheduler_stop_flush_failed error=%r", exc)
         if self._opener is not None:
             self._opener.shutdown(wait=False)
-        for dlq in self._dead_publishers.values():
+        for dlq in self._dead.publishers():
             dlq.close()
         self.publisher.close()
         if self._invalid_producer is not None:
@@ -579,9 +554,7 @@ class SchedulerService:
 
     def _release(self, target: str, entries: List[List[Any]]) -> None:
         """Send one round's releases to `target`, or hold them behind its held ones."""
-        mark = self._dead_marks.get(target)
-        if mark is None:
-            mark = self._dead_marks[target] = self._load_dead_mark(target)
+        mark = self._dead.mark(target)
         if mark[0] >= entries[0][0]:
             # Released before a crash and dead-lettered then: to the dead-letter topic again
             # (de-duplicated there), never to the target.
@@ -726,8 +699,8 @@ class SchedulerService:
         if not keep:
             return
         try:
-            self._store_dead_mark(target, keep[-1][0], reason)
-            self._send_dead(target, keep, reason)
+            self._dead.store_mark(target, keep[-1][0], reason)
+            self._dead.send(target, keep, reason)
         except LeaseLostError:
             raise
         except Exception as exc:
@@ -739,30 +712,6 @@ class SchedulerService:
         log.error("event=release_dead_lettered target=%s count=%d dead_letter_topic=%s first_seq=%d last_seq=%d "
                   "failing_ms=%d reason=%s", target, len(keep), self.dead_letter_topic, keep[0][0], keep[-1][0],
                   self.clock() - since, reason)
-
-    def _send_dead(self, target: str, entries: List[List[Any]], reason: str) -> None:
-        """Publish `entries` to the dead-letter topic: payload, key and properties as released,
-        plus ERROR_PROP (the reason) and DEAD_TARGET_PROP (the target)."""
-        dlq = self._dead_publisher(target)
-        msgs = []
-        for e in entries:
-            m = e[2]
-            props = dict(m.properties)
-            props.pop(PRODUCER_PROPERTY, None)
-            props.pop(SEQUENCE_PROPERTY, None)
-            props[ERROR_PROP] = reason
-            props[DEAD_TARGET_PROP] = self._full(target)
-            msgs.append(OutMessage(m.payload, m.sequence_id, props, m.partition_key, m.event_timestamp))
-        by_seq = {e[0]: e for e in entries}
-        for dest, group in dlq.route(self.dead_letter_topic, msgs):
-            key = (target, dest)
-            ref = self._dead_dests.get(key)
-            if ref is None:
-                ref = self._dead_dests[key] = _DeadDest(dlq, dest)
-            for m in group:
-                by_seq[m.sequence_id][1] = ref
-            dlq.publish_many(dest, group, properties_owned=True)
-        self.dead_lettered += len(entries)
 
     def _replay_dead(self, target: str, entries: List[List[Any]], reason: str) -> None:
         """Replayed releases at or below the target's dead-letter mark: to the dead-letter topic
@@ -776,36 +725,8 @@ class SchedulerService:
                     continue
             again.append(e)
         if again:
-            self._send_dead(target, again, reason)
-            self.dead_lettered -= len(again)  # counted when they were dead-lettered first
-
-    def _dead_publisher(self, target: str) -> DedupPublisher:
-        dlq = self._dead_publishers.get(target)
-        if dlq is None:
-            inner = getattr(self.publisher, "inner", self.publisher)
-            dlq = DedupPublisher(inner.client, dead_letter_producer(inner.producer_name, target), inner.state_store,
-                                 key_hashing=inner.key_hashing)
-            self._dead_publishers[target] = dlq
-        return dlq
-
-    def _dead_mark_key(self, target: str) -> str:
-        return f"{DEAD_MARK_PREFIX}/{getattr(self.publisher, 'producer_name', '')}@{self._full(target)}"
-
-    def _load_dead_mark(self, target: str) -> Tuple[int, str]:
-        store = getattr(self.publisher, "state_store", None)
-        raw = store.get(self._dead_mark_key(target)) if store is not None else None
-        if raw is None:
-            return (-1, "")
-        rec = json.loads(raw.decode("utf-8"))
-        return (int(rec["seq"]), str(rec.get("reason", "")))
-
-    def _store_dead_mark(self, target: str, seq: int, reason: str) -> None:
-        """Stored before the dead-letter sends, so before any commit passes them."""
-        if self._dead_marks.get(target, (-1, ""))[0] >= seq:
-            return
-        self.publisher.state_store.put(self._dead_mark_key(target),
-                                       json.dumps({"seq": seq, "reason": reason}).encode("utf-8"))
-        self._dead_marks[target] = (seq, reason)
+            self._dead.send(target, again, reason)
+            self._dead.count -= len(again)  # counted when they were dead-lettered first
 
     def _hold_failed_sends(self) -> None:
         """Channels a failed send stopped: hold their target, with the releases sent there but not
@@ -862,10 +783,15 @@ class SchedulerService:
             self._committed = upto
         self._health.confirmed(self._committed)
 
+    @property
+    def dead_lettered(self) -> int:
+        """Releases sent to the dead-letter topic since the start."""
+        return self._dead.count
+
     def status(self) -> Dict[str, Any]:
         """The release status `inspect writer` shows: held targets, dead-lettered releases."""
         return {"at_ms": self.clock(), "held_targets": self._health.status(),
-                "held_releases": self._health.held_count(), "dead_lettered": self.dead_lettered,
+                "held_releases": self._health.held_count(), "dead_lettered": self._dead.count,
                 "dead_letter_topic": normalize_topic(self.dead_letter_topic)}
 
     def _write_status(self) -> None:
@@ -904,7 +830,7 @@ class SchedulerService:
             ("pulsar_lifecycle_scheduler_released_total", float(self.released)),
             ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
             ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
-            (DEAD_LETTERED_METRIC, float(self.dead_lettered)),
+            (DEAD_LETTERED_METRIC, float(self._dead.count)),
         ]
 
 

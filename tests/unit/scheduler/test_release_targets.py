@@ -101,7 +101,7 @@ def _service(retry_s: int = 60) -> Tuple[SchedulerService, _Publisher, _Engine, 
     cfg = WriterConfig(target_retry_seconds=retry_s)
     service = SchedulerService(engine, pub, cfg, OUT, "persistent://public/default/sched-INVALID", None,
                                lambda n, v: None, clock=clock, dead_letter_topic="persistent://public/default/dlq")
-    service._dead_publisher = lambda target: dlq  # type: ignore[method-assign]
+    service._dead._publisher = lambda target: dlq  # type: ignore[method-assign]
     return service, pub, engine, clock, dlq
 
 
