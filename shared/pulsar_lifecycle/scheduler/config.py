@@ -123,6 +123,10 @@ class WriterConfig:
         'releaseRoundsInFlight', 4,
         'Release rounds sent and not yet confirmed by the broker before the release thread waits: the next round is popped and sent while up to this many wait for their confirmations (the release watermark still only passes confirmed rounds). 1 = one round at a time.',
         minimum=1)
+    release_batching_delay_millis: int = setting(
+        'releaseBatchingDelayMillis', 1,
+        "How long a release producer holds a batch open for more messages before sending it (the client's batchingMaxPublishDelay). A full round fills its batches and goes at once; a due message released alone waits up to this long. 1 = the Java client's default (pulsar-client for Python and C++ default to 10).",
+        minimum=1, maximum=1000)
     commit_interval_millis: int = setting(
         'commitIntervalMillis', 100,
         'How often the release watermark is made durable (re-released after a crash at most this much; dedup drops them).',

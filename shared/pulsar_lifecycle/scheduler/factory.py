@@ -179,7 +179,8 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         # The producers' queue holds every round the release pipeline may have in flight, so their
         # back-pressure never serializes the rounds (docs/architecture.md, "Release pipeline").
         publisher = DedupPublisher(client, names.producer_name, dedup_state, key_hashing=cfg.key_hashing,
-                                   max_pending_messages=max(1000, cfg.release_batch_size * cfg.release_rounds_in_flight))
+                                   max_pending_messages=max(1000, cfg.release_batch_size * cfg.release_rounds_in_flight),
+                                   batching_max_publish_delay_ms=cfg.release_batching_delay_millis)
         published = publisher.open(default_target)
         # Before recovery: a new index gets its sequence base written into its cursor here.
         identity = check_index_identity(storage, dedup_state,
