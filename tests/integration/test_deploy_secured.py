@@ -346,7 +346,8 @@ def test_inspect_and_enqueue_topic_send_the_token_and_trust_the_ca(secured_deplo
                "--client-conf", conf, "--auth-params", f"token:{sa.token('bob')}")
     line = assert_one_line_error(res, sa.admin_url_tls, "role 'bob'", "HTTP 401")
     refused_s = time.monotonic() - t0
-    assert refused_s < 8.0, (refused_s, line)
+    # Below the client's 30 s operation timeout: the refusal is not waited out (not a speed figure).
+    assert refused_s < 25.0, (refused_s, line)
     print(f"inspect deletion as bob: {line}")
     TIMES["inspect deletion as bob: admin refusal line"] = refused_s
 

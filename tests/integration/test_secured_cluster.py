@@ -26,9 +26,11 @@ from support.secured import SECURED_GROUP, grant
 pytestmark = [pytest.mark.pulsar_only("a secured real Pulsar standalone"), pytest.mark.xdist_group(SECURED_GROUP)]
 
 CONFIGS = REPO / "function-configs"
-# Seconds a command may take from start to its one-line refusal (Python and the CLI start
-# included, on 2 shared cores); the refusal itself comes in milliseconds after the CONNECT.
-REFUSAL_BOUND_S = 8.0
+# Seconds a command may take from start to its one-line refusal: below the client's 30 s
+# operation timeout, which a command that waits out the refusal (retrying the connection) reaches.
+# Not a speed figure: the refusal comes in milliseconds after the CONNECT and a command takes 1-2 s
+# (docs/security.md); the rest is room for Python and the CLI starting on 2 shared, loaded cores.
+REFUSAL_BOUND_S = 25.0
 MEASURED: Dict[str, float] = {}
 
 
