@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from pulsar_lifecycle.bucket import DelayedMessage
+from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
 from pulsar_lifecycle.bucket.codec import (
     DelayedIndex,
     SnapshotSegment,
@@ -156,10 +157,8 @@ def test_frame_is_what_the_columns_cut_at() -> None:
 
 
 def test_optimizing_ledger_bitmaps_keeps_the_set_and_shrinks_batched_ids() -> None:
-    from pulsar_lifecycle.bucket.bitmap import LedgerBitmaps
-
     sets = LedgerBitmaps()
-    ids = [e for e in range(20_000)]  # index ids: entries of 1,024-message batches
+    ids = list(range(20_000))  # index ids: entries of 1,024-message batches
     for ledger in (3, 4, 900):
         sets.add_many(ledger, ids)
     before = sets.size_in_bytes()
