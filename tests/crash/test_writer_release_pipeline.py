@@ -6,8 +6,11 @@ sent, maybe stored, not confirmed, beyond the committed release watermark. Burst
 at the same instant keep several full rounds in flight; a 10 ms commit interval has the watermark
 move while they are. Every message must still be released once: the watermark never passes an
 unconfirmed round (a lost message otherwise) and the re-released tail is de-duplicated (a double
-otherwise). With the watermark committed past unconfirmed rounds this test fails with messages
-never released (docs/architecture.md, "Release pipeline").
+otherwise). With the watermark committed when a round is popped, before its sends are confirmed,
+this test fails on pulsar-lite with 1,142 of 30,000 never released; a watermark that passes only
+rounds already handed to the client got through one run there (on loopback nearly everything
+handed over is stored at once), so it checks the order pop -> send -> confirm -> commit, not the
+last hop (docs/architecture.md, "Release pipeline").
 """
 from __future__ import annotations
 
