@@ -154,9 +154,27 @@ class LocalRun:
         try:
             rc = self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
+            dumps = self.thread_dumps()
             self.kill()
-            raise AssertionError(f"localrun still running {timeout_s:.0f} s after SIGINT: {self.tail()}") from None
+            raise AssertionError(f"localrun still running {timeout_s:.0f} s after SIGINT (thread dumps of its "
+                                 f"JVMs in {dumps}): {self.tail()}") from None
         return rc, time.monotonic() - t0
+
+    def thread_dumps(self) -> Path:
+        """`jcmd <pid> Thread.print` of every JVM of the group, into a file beside the output: what
+        a runner that does not stop after SIGINT is waiting on."""
+        path = self.out.with_suffix(".threads.txt")
+        with open(path, "w") as f:
+            for pid in _group_pids(self.proc.pid):
+                try:
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                except OSError:
+                    continue
+                if not cmdline or not cmdline[0].endswith(b"java"):
+                    continue
+                res = subprocess.run(["jcmd", str(pid), "Thread.print"], capture_output=True, text=True, timeout=60)
+                f.write(f"== {pid} {b' '.join(cmdline[:3]).decode(errors='replace')}\n{res.stdout}{res.stderr}\n")
+        return path
 
     def group_left(self, timeout_s: float = 20.0) -> bool:
         """True once no process of the group is left (the runner JVM, the instances)."""
@@ -179,6 +197,19 @@ class LocalRun:
 
     def tail(self) -> str:
         return self.out.read_text(errors="replace")[-4000:]
+
+
+def _group_pids(pgid: int) -> List[int]:
+    """The processes of process group `pgid` (from /proc)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == pgid:  # after the command: state, ppid, pgrp
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def _function_logs(home: Path, name: str) -> List[Path]:
