@@ -30,7 +30,7 @@ CHILD_TIMEOUT_S = 840  # below the tests' own timeout (900 s): the child is kill
 _CHILD = r"""
 import json, sys, time
 from click.testing import CliRunner
-from pulsar_lifecycle.cli import main
+from pulsar_lifecycle.cli.main import main
 from pulsar_lifecycle.spark.session import get_spark
 spec = json.load(sys.stdin)
 spark = get_spark(spec["master"], "pulsar-lifecycle-tests-cli", **spec["conf"])

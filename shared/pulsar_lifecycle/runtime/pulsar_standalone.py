@@ -457,6 +457,11 @@ class PulsarStandalone:
         base = self.admin_url_tls if self.security is not None else self.admin_url
         health = f"{base}/admin/v2/brokers/health"
         request = urllib.request.Request(health, headers=self.admin_headers())
+        # The health check passes on the broker's own heartbeat namespace, before the standalone has
+        # created public/default (a subscribe then gets TopicNotFound "Namespace not found"): ready
+        # means that namespace answers too.
+        namespace = urllib.request.Request(f"{base}/admin/v2/namespaces/public/default", headers=self.admin_headers())
+        healthy = False
         while True:
             assert self._proc is not None
             rc = self._proc.poll()
@@ -466,13 +471,18 @@ class PulsarStandalone:
             stream_up = port_open(self.host, self.ports["stream"]) if self.stream_storage else True
             if stream_up and port_open(self.host, self.ports["bookie_http"]):
                 try:
-                    with urllib.request.urlopen(request, timeout=5, context=self.ssl_context()) as resp:
-                        if resp.status == 200 and resp.read().strip() == b"ok":
-                            return
+                    if not healthy:
+                        with urllib.request.urlopen(request, timeout=5, context=self.ssl_context()) as resp:
+                            healthy = resp.status == 200 and resp.read().strip() == b"ok"
+                    if healthy:
+                        with urllib.request.urlopen(namespace, timeout=5, context=self.ssl_context()) as resp:
+                            if resp.status == 200:
+                                return
                 except (urllib.error.URLError, OSError):
                     pass
             if time.monotonic() > deadline:
-                raise PulsarSetupError(f"Apache Pulsar did not pass {health} within {self.start_timeout:.0f} s: "
+                raise PulsarSetupError(f"Apache Pulsar did not pass {health} (and serve public/default) within "
+                                       f"{self.start_timeout:.0f} s: "
                                        f"{self._failure_line()} (log: {self.log_path})")
             time.sleep(0.5)
 

@@ -830,7 +830,7 @@ class SchedulerService:
             ("pulsar_lifecycle_scheduler_released_total", float(self.released)),
             ("pulsar_lifecycle_scheduler_cancelled_total", float(self.cancelled)),
             ("pulsar_lifecycle_scheduler_invalid_total", float(self.invalid)),
-            (DEAD_LETTERED_METRIC, float(self._dead.count)),
+            (DEAD_LETTERED_METRIC, float(self.dead_lettered)),
         ]
 
 
