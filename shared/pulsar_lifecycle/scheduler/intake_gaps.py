@@ -85,6 +85,9 @@ EMPTY: Entry = (-1, -1)  # below every entry: the topic held no message when the
 START_LOOK_S = 1.0  # a Reader from the earliest message that gets none this long: the topic is empty
 CHECK_MIN_S, CHECK_MAX_S = 0.25, 5.0  # between looks at the topic's end (backing off while caught up)
 LAG_S = 0.5  # not at the end the topic had this long ago, without a full batch since: starved
+# A consumer starved this long is not a slow moment (a busy host delays a first delivery past
+# LAG_S) but one the broker does not feed: the follower's start is logged as info, this as a warning.
+STARVED_WARN_S = 10.0
 IN_FLIGHT_MS = 5000  # a gap read's messages published this recently are in flight, not held
 HOLE_GRACE_S = 0.25  # a hole open this long is read (Apache Pulsar fills one by redelivery within ms)
 RETRY_MIN_S, RETRY_MAX_S = 0.5, 30.0  # after a read that stalled
@@ -220,6 +223,8 @@ class IntakeGaps:
         self._follower: Any = None  # a Reader following the topic while the consumer is starved
         self._follow_entry: Optional[Entry] = None  # the entry the follower is in
         self._follow_read_at = 0.0  # when the follower last gave a message
+        self._starved_since: Optional[float] = None  # when the running follower's first start was
+        self._starved_warned = False
         self.reads = 0
         self.found = 0
         if floor is not None:
@@ -416,16 +421,19 @@ class IntakeGaps:
         self._follower = self._reader_at(frontier)
         self._follow_entry = None
         self._follow_read_at = time.monotonic()
-        log.warning("event=intake_follower_started topic=%s from=%s topic_end=%s delivered=%s reason='the consumer "
-                    "delivers only part of what the topic holds (pulsar-lite: dead consumers of the subscription "
-                    "keep their permits); a Reader follows the topic until it catches up'", self.topic, frontier,
-                    end, self._delivered)
+        if self._starved_since is None:
+            self._starved_since = self._follow_read_at
+        log.info("event=intake_follower_started topic=%s from=%s topic_end=%s delivered=%s reason='the consumer "
+                 "delivers only part of what the topic holds; a Reader follows the topic until it catches up'",
+                 self.topic, frontier, end, self._delivered)
 
-    def _stop_follower(self, why: str) -> None:
+    def _stop_follower(self, why: str, restart: bool = False) -> None:
         if self._follower is None:
             return
         close_quietly(self._follower, self.topic)
         self._follower = None
+        if not restart:
+            self._starved_since, self._starved_warned = None, False
         log.info("event=intake_follower_stopped topic=%s frontier=%s reason=%s", self.topic,
                  self.frontier.frontier, why)
 
@@ -437,10 +445,18 @@ class IntakeGaps:
         if not self._starved(now):
             self._stop_follower("'the consumer delivers again'")
             return
+        since = self._starved_since
+        if since is not None and not self._starved_warned and now - since >= STARVED_WARN_S:
+            self._starved_warned = True
+            log.warning("event=intake_consumer_starved topic=%s seconds=%.1f frontier=%s delivered=%s reason='the "
+                        "broker does not feed the consumer what the topic holds (pulsar-lite: dead consumers of "
+                        "the subscription keep their permits until the broker restarts); a Reader follows the "
+                        "topic, so nothing waits, and the source messages are acked when the broker hands them "
+                        "out'", self.topic, now - since, self.frontier.frontier, self._delivered)
         frontier = self.frontier.frontier
         if (end is not None and frontier is not None and end > frontier
                 and now - self._follow_read_at >= LAG_S):
-            self._stop_follower("'the Reader stalled; a new one starts at the frontier'")
+            self._stop_follower("'the Reader stalled; a new one starts at the frontier'", restart=True)
             self._start_follower(frontier, end)
 
     def _follow(self) -> Optional[IntakeBatch]:

@@ -3,6 +3,7 @@ handled, which gaps a Reader reads, what it indexes, and what the function state
 a fake Reader serves a list of messages."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Dict, List, Optional, Set, Tuple
 
@@ -372,6 +373,24 @@ def test_a_follower_keeps_reading_while_the_consumer_stays_starved_and_stops_whe
     time.sleep(0.06)
     assert g.read_if_due(consumer, idle=False) is None
     assert follower.closed
+
+
+def test_a_brief_starvation_is_info_and_only_a_lasting_one_warns(monkeypatch: pytest.MonkeyPatch,
+                                                                   caplog: pytest.LogCaptureFixture):
+    # A busy host delays a first delivery past LAG_S: the follower covers it without a warning.
+    monkeypatch.setattr(ig, "STARVED_WARN_S", 0.2)
+    g, _client, consumer = _looked_once(monkeypatch, batch_entry(1, 10, 1) + batch_entry(1, 11, 2), (1, 11))
+    with caplog.at_level(logging.INFO, logger=ig.log.name):
+        first = g.read_if_due(consumer, idle=False)
+        assert first is not None
+        first.ack()
+        assert "event=intake_follower_started" in caplog.text
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+        time.sleep(0.25)  # still starved past STARVED_WARN_S: the broker does not feed the consumer
+        for _ in range(3):
+            g.read_if_due(consumer, idle=False)
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1 and "event=intake_consumer_starved" in warned[0], warned
 
 
 def test_a_hole_is_read_only_once_it_stayed_open_for_the_grace(monkeypatch: pytest.MonkeyPatch):
