@@ -148,8 +148,8 @@ class LocalRun:
         self.started = time.monotonic()
 
     def interrupt(self, timeout_s: float = 150.0, sig: int = signal.SIGINT) -> Tuple[int, float]:
-        """Ctrl-C: SIGINT to the runner's process group, as a terminal sends it (pulsar-admin, the
-        runner JVM, and its instances): (pulsar-admin's exit code, seconds until it exited)."""
+        """`sig` to the runner's process group (pulsar-admin, the runner JVM, and its instances);
+        SIGINT is Ctrl-C as a terminal sends it: (pulsar-admin's exit code, seconds until it exited)."""
         t0 = time.monotonic()
         os.killpg(self.proc.pid, sig)
         try:

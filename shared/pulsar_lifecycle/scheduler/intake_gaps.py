@@ -223,7 +223,7 @@ class IntakeGaps:
         self._follower: Any = None  # a Reader following the topic while the consumer is starved
         self._follow_entry: Optional[Entry] = None  # the entry the follower is in
         self._follow_read_at = 0.0  # when the follower last gave a message
-        self._starved_since: Optional[float] = None  # when the running follower's first start was
+        self._starved_since: Optional[float] = None  # when this starvation's first follower started
         self._starved_warned = False
         self.reads = 0
         self.found = 0
@@ -427,13 +427,11 @@ class IntakeGaps:
                  "delivers only part of what the topic holds; a Reader follows the topic until it catches up'",
                  self.topic, frontier, end, self._delivered)
 
-    def _stop_follower(self, why: str, restart: bool = False) -> None:
+    def _stop_follower(self, why: str) -> None:
         if self._follower is None:
             return
         close_quietly(self._follower, self.topic)
         self._follower = None
-        if not restart:
-            self._starved_since, self._starved_warned = None, False
         log.info("event=intake_follower_stopped topic=%s frontier=%s reason=%s", self.topic,
                  self.frontier.frontier, why)
 
@@ -444,6 +442,7 @@ class IntakeGaps:
         end = self._look(consumer, now)
         if not self._starved(now):
             self._stop_follower("'the consumer delivers again'")
+            self._starved_since, self._starved_warned = None, False
             return
         since = self._starved_since
         if since is not None and not self._starved_warned and now - since >= STARVED_WARN_S:
@@ -456,7 +455,7 @@ class IntakeGaps:
         frontier = self.frontier.frontier
         if (end is not None and frontier is not None and end > frontier
                 and now - self._follow_read_at >= LAG_S):
-            self._stop_follower("'the Reader stalled; a new one starts at the frontier'", restart=True)
+            self._stop_follower("'the Reader stalled; a new one starts at the frontier'")
             self._start_follower(frontier, end)
 
     def _follow(self) -> Optional[IntakeBatch]:
