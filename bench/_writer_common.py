@@ -57,6 +57,23 @@ WRITER_CONFIG = ROOT / "function-configs" / "bucket-snapshot-writer.yaml"
 PROCESS_START_TIMEOUT_S = 60.0
 
 
+def byte_compile_package() -> str:
+    """Byte-compile pulsar_lifecycle and functions/ as pip does when it installs the wheel, so a
+    writer start measured here reads bytecode as an installed one does. An editable install has
+    none, and with PYTHONDONTWRITEBYTECODE set (as on this machine and in many container images)
+    every start compiles the ~200 modules again: about 0.1 s more per start. Returns a line
+    saying what was compiled."""
+    import compileall
+
+    import pulsar_lifecycle
+
+    dirs = [Path(pulsar_lifecycle.__file__).resolve().parent, ROOT / "functions"]
+    for d in dirs:
+        if not compileall.compile_dir(str(d), quiet=1):
+            raise RuntimeError(f"byte-compiling {d} failed")
+    return "byte-compiled " + ", ".join(str(d) for d in dirs) + " (as an installed wheel is)"
+
+
 def now_ms() -> int:
     """Wall clock in ms (deliver-at and released-at are wall-clock instants)."""
     return int(time.time() * 1000)

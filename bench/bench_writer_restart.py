@@ -43,6 +43,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pulsar
 import yaml
 
+from _writer_common import byte_compile_package
 from pulsar_lifecycle.runtime.broker import EmbeddedBroker
 from pulsar_lifecycle.runtime.client import quiet_client
 from pulsar_lifecycle.runtime.pulsar_standalone import PulsarStandalone
@@ -157,6 +158,7 @@ def main() -> int:
                    else PulsarStandalone(data_dir=tmp / "pulsar"))
     broker.start()
     config, sched, out = writer_config(tmp)
+    print(byte_compile_package(), flush=True)
     writer = start_writer(config, broker.service_url, tmp)
     client = quiet_client(broker.service_url)
     run, stop = Run(), threading.Event()

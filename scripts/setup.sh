@@ -37,6 +37,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q -e ".[${extra}]"
+# An editable install leaves the package uncompiled, and where PYTHONDONTWRITEBYTECODE is set every
+# process start (a writer's restart included) compiles it again: compile it once, as pip does a wheel.
+.venv/bin/python -m compileall -q shared/pulsar_lifecycle functions >/dev/null
 if [ "$extra" = "test" ] || [ "${PULSAR_LIFECYCLE_REAL_PULSAR:-0}" = "1" ]; then
   # resolves once; later runs find the cache. The test suite also runs `pulsar-admin` (client tools).
   .venv/bin/python -m pulsar_lifecycle.runtime.pulsar_release $([ "$extra" = "test" ] && echo --client-tools)

@@ -87,6 +87,7 @@ def recovery_writer(ctx: Ctx) -> Dict[str, Any]:
     unloads of each of its topics (writer_unload): the scheduling topic and the target."""
     m, d, a = ctx.args.pending, ctx.args.due, ctx.args
     topics, wd, proc, consumer = ctx.handles.pop("writer")
+    print(f"  recovery writer: {wc.byte_compile_package()}", flush=True)
     runs: List[Dict[str, Any]] = []
     lo = m
     try:

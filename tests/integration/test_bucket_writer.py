@@ -142,3 +142,38 @@ def test_a_failed_start_releases_the_snapshot_directory(broker, tmp_path, unique
         client.close()
     assert "in use" not in errors[1], errors
     assert errors[0] == errors[1]
+
+
+def test_a_restart_whose_recovery_fails_while_the_producer_opens_fails_alike_and_frees_the_directory(
+        broker, tmp_path, unique):
+    """On the usual restart the index recovers on a thread while the release producer opens
+    (factory._assemble). A recovery that fails there is the start's error, and the directory's
+    lock is given back only once that thread is done: the next attempt fails alike, not "in use"."""
+    import logging
+
+    from pulsar_lifecycle.runtime.context import FunctionIdentity, LocalContext
+    from pulsar_lifecycle.runtime.metrics import FunctionMetrics
+    from pulsar_lifecycle.scheduler.factory import build_service
+    from pulsar_lifecycle.state.directory import DirectoryStateStore
+
+    spec, _ = writer_spec(unique, tmp_path)
+    client = quiet_client(broker.service_url)
+    try:
+        ctx = LocalContext(
+            identity=FunctionIdentity("public", "default", spec.name, 0, "fid", "1"), client=client, consumers={},
+            input_topics=list(spec.inputs), output_topic=spec.output, output_serde_class_name="serde.IdentitySerDe",
+            user_config=dict(spec.user_config), secrets={},
+            state=DirectoryStateStore(tmp_path / "state", "public", "default", "w"),
+            metrics=FunctionMetrics(spec.fqfn), logger=logging.getLogger("test"))
+        build_service(ctx).stop()  # a new index: its id in the store and in the state
+        (tmp_path / "snapshots" / "cursor.bin").write_bytes(b"\xff\xff not a cursor")
+        infos = []
+        for _ in range(2):
+            with pytest.raises(Exception) as info:
+                build_service(ctx)
+            infos.append(info)
+        errors = [str(i.value) for i in infos]
+    finally:
+        client.close()
+    assert "cursor" in errors[0].lower(), errors
+    assert errors[0] == errors[1], errors

@@ -20,6 +20,7 @@ from pulsar_lifecycle.scheduler.index_identity import (
     STATE_KEY,
     IndexMismatchError,
     check_index_identity,
+    known_identity,
 )
 from pulsar_lifecycle.timing import DelayedProducer, now_ms
 from support.helpers import receive_payloads, shipped_writer_spec
@@ -52,6 +53,21 @@ def test_a_new_index_gets_an_id_in_both_places_and_a_time_based_sequence_base():
     assert cur.seq == NOW << SEQ_BASE_SHIFT and not cur.has_watermark
     again = check(st, state)  # the same pair on the next start: nothing changes
     assert again.index_id == res.index_id and not again.fresh and again.seq_base == 0
+
+
+def test_only_the_usual_restart_is_known_without_the_release_producer():
+    # known_identity lets the writer recover while its producer opens: it must answer only when
+    # the store's index is the one the state follows, and write nothing.
+    st, state = MemorySnapshotStorage(), DictState()
+    assert known_identity(st, state) is None  # a new index: its base needs the producer's last id
+    res = check(st, state)
+    assert known_identity(st, state) == check(st, state) == type(res)(res.index_id, False, 0)
+    state.put(STATE_KEY, b"another-index")
+    before = (st.get_index_id(), st.get_cursor(), dict(state.values))
+    assert known_identity(st, state) is None  # a mismatch: check_index_identity refuses it
+    assert (st.get_index_id(), st.get_cursor(), dict(state.values)) == before
+    with pytest.raises(IndexMismatchError):
+        check(st, state)
 
 
 def test_the_base_stays_above_what_the_topic_holds_even_with_a_clock_behind():

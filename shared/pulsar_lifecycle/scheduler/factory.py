@@ -2,12 +2,15 @@
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 import weakref
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, TypeVar, Union
 
 from ..bucket import BucketIndex
+from ..bucket.records import RecoveryReport
 from ..bucket.storage import (
     BucketSnapshotStorage,
     DirectorySnapshotStorage,
@@ -23,7 +26,7 @@ from ..scheduling_protocol import cancel_reply_topic
 from ..topics import TopicName, normalize_topic
 from .config import WriterConfig, parse_writer_config, scheduling_input
 from .context_state import ContextStateStore
-from .index_identity import STATE_KEY, check_index_identity
+from .index_identity import STATE_KEY, check_index_identity, known_identity
 from .intake import TargetCheck
 from .intake_gaps import GapClassifier, intake_gaps_for
 from .runtime_input import RuntimeInput
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from .partitioned import PartitionedWriter
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 # Each service's targetPermissionCheck, for the runtime intake (functions/bucket_snapshot_writer.py
 # classifies what process() receives): target_check_of(service).
@@ -167,6 +171,7 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
     resources: List[Any] = []
     storage: Any = None
     publisher = None
+    recovery: Optional["Future[RecoveryReport]"] = None
     try:
         storage, release_check = open_storage(resources)
         deleter = _snapshot_deleter(cfg, context, names.topic)
@@ -176,16 +181,21 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
         engine = BucketIndex(storage, bucket_cfg, on_snapshot_obsolete=deleter)
         client = pulsar_client(context)
         dedup_state = ContextStateStore(context, prefix=names.state_prefix)
+        # The usual restart knows its index without the release producer: its recovery (disk and
+        # CPU) runs while the producer opens (round trips to the broker), instead of after it.
+        identity = known_identity(storage, dedup_state)
+        recovery = _aside(engine.recover) if identity is not None else None
         # The producers' queue holds every round the release pipeline may have in flight, so their
         # back-pressure never serializes the rounds (docs/architecture.md, "Release pipeline").
         publisher = DedupPublisher(client, names.producer_name, dedup_state, key_hashing=cfg.key_hashing,
                                    max_pending_messages=max(1000, cfg.release_batch_size * cfg.release_rounds_in_flight),
                                    batching_max_publish_delay_ms=cfg.release_batching_delay_millis)
         published = publisher.open(default_target)
-        # Before recovery: a new index gets its sequence base written into its cursor here.
-        identity = check_index_identity(storage, dedup_state,
-                                        state_location=state_location(context, names.state_prefix),
-                                        published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
+        if identity is None:
+            # Before recovery: a new index gets its sequence base written into its cursor here.
+            identity = check_index_identity(storage, dedup_state,
+                                            state_location=state_location(context, names.state_prefix),
+                                            published_seq=max(0, published), replace_index_id=cfg.replace_index_id)
         # No role reaches through the writer what it may not reach itself (docs/security.md).
         permissions = _target_permissions(cfg, context, names.topic, default_target)
         if permissions is not None:
@@ -222,8 +232,10 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             # message to retry it: a tick does (the hook arm_wake sets once the service runs).
             service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
         _TARGET_CHECKS[service] = target_check
-        service.start()
+        service.start(recovered=recovery.result() if recovery is not None else None)
     except BaseException:
+        if recovery is not None:
+            recovery.exception()  # waits: the storage closed below is the one it reads
         # The next process() call builds again: the snapshot-directory lock (or the partition's
         # lease) must not outlive this try.
         if publisher is not None:
@@ -234,6 +246,20 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             res.close()
         raise
     return service
+
+
+def _aside(fn: Callable[[], _T]) -> "Future[_T]":
+    """fn() on a thread of its own; its result, or what it raised, in the returned future."""
+    done: "Future[_T]" = Future()
+
+    def run() -> None:
+        try:
+            done.set_result(fn())
+        except BaseException as exc:  # handed to whoever waits for the result
+            done.set_exception(exc)
+
+    threading.Thread(target=run, name="bucket-recover", daemon=True).start()
+    return done
 
 
 def _target_permissions(cfg: WriterConfig, context: Any, topic: str, default_target: str) -> Any:

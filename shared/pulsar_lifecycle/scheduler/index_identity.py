@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional, Tuple
 
 from ..bucket.proto.BucketIndexState_pb2 import ReleaseCursor
 from ..clock import Clock, wall_clock_ms
@@ -63,6 +63,19 @@ def is_fresh(storage: Any) -> bool:
             and not storage.list_snapshots() and not storage.journal_read())
 
 
+def _followed_and_current(storage: Any, state: Any) -> Tuple[Optional[str], Optional[str]]:
+    raw = state.get(STATE_KEY)
+    return (raw.decode("ascii", "replace").strip() if raw else None), storage.get_index_id()
+
+
+def known_identity(storage: Any, state: Any) -> Optional[IdentityResult]:
+    """The usual restart, found without the release producer: the store's index is the one the
+    state follows (what check_index_identity then returns, with no scan and no write); None
+    for every other case, which check_index_identity decides."""
+    followed, current = _followed_and_current(storage, state)
+    return IdentityResult(current, False, 0) if current is not None and current == followed else None
+
+
 def check_index_identity(storage: Any, state: Any, *, state_location: str, published_seq: int,
                          replace_index_id: str = "",
                          clock_ms: Clock = wall_clock_ms) -> IdentityResult:
@@ -78,9 +91,7 @@ def check_index_identity(storage: Any, state: Any, *, state_location: str, publi
         IndexMismatchError: naming both locations, both ids and what to do.
     """
     where = storage.describe() if callable(getattr(storage, "describe", None)) else repr(storage)
-    raw = state.get(STATE_KEY)
-    followed = raw.decode("ascii", "replace").strip() if raw else None
-    current = storage.get_index_id()
+    followed, current = _followed_and_current(storage, state)
     if current is not None and current == followed:
         return IdentityResult(current, False, 0)  # the usual restart: no need to scan the store
     fresh = is_fresh(storage)

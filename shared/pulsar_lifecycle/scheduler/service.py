@@ -32,7 +32,7 @@ import pulsar
 
 from ..bucket.metrics import LATENCY_BUCKETS_MS
 from ..bucket.positions import BATCH_BITS, MAX_BATCH_INDEX, encode, format_user_id
-from ..bucket.records import DelayedMessage, Release
+from ..bucket.records import DelayedMessage, RecoveryReport, Release
 from ..bucket.storage.lease import LeaseLostError
 from ..clock import Clock, wall_clock_ms
 from ..dedup.publisher import DedupPublisher, OutMessage
@@ -248,10 +248,11 @@ class SchedulerService:
         self.lateness = LatenessHistogram()
 
     # -- lifecycle -----------------------------------------------------------------------------
-    def start(self) -> None:
-        """Recover the index, close the runtime's input of the scheduling topic (direct intake),
-        open the intake source and start the intake and release threads."""
-        report = self.engine.recover()
+    def start(self, recovered: Optional[RecoveryReport] = None) -> None:
+        """Recover the index (unless the caller did: `recovered` is its report), close the
+        runtime's input of the scheduling topic (direct intake), open the intake source and start
+        the intake and release threads."""
+        report = recovered if recovered is not None else self.engine.recover()
         log.info("event=scheduler_recovered report=%s target=%s", report, self.default_target)
         # Closed only now: a failed recovery leaves the input open, so the runtime redelivers the
         # message that started this and process() builds again. Closed before the direct consumer
