@@ -55,6 +55,7 @@ from pulsar_lifecycle.scheduling_protocol import DELIVER_AT_PROP
 ROOT = Path(__file__).resolve().parents[1]
 WRITER_CONFIG = ROOT / "function-configs" / "bucket-snapshot-writer.yaml"
 PROCESS_START_TIMEOUT_S = 60.0
+PACED_BATCHING_DELAY_MS = 5  # the paced and loading producers' batchingMaxPublishDelay
 
 
 def byte_compile_package() -> str:
@@ -192,7 +193,8 @@ def start_pipe(service_url: str, topics: Topics, workdir: Path, kind: str = "pip
 
 
 def start_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,
-                payload_bytes: int, workdir: Path, native: bool = False) -> subprocess.Popen:
+                payload_bytes: int, workdir: Path, native: bool = False,
+                batching_delay_ms: int = PACED_BATCHING_DELAY_MS) -> subprocess.Popen:
     """The paced producer (this file's `paced` command) in its own process; lead_ms=0 stamps send time.
 
     native=True also sets Pulsar's deliver-at on each message (the broker's delayed delivery)."""
@@ -200,7 +202,8 @@ def start_paced(service_url: str, topic: str, rate: int, seconds: float, start_m
         return subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "paced", "--service-url", service_url, "--topic", topic,
              "--rate", str(rate), "--seconds", str(seconds), "--start-ms", str(start_ms), "--lead-ms", str(lead_ms),
-             "--payload-bytes", str(payload_bytes), *(["--native"] if native else [])],
+             "--payload-bytes", str(payload_bytes), "--batching-delay-ms", str(batching_delay_ms),
+             *(["--native"] if native else [])],
             stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, cwd=workdir,
         )
 
@@ -247,9 +250,10 @@ def log_tail(path: Path, chars: int = 2000) -> str:
 
 
 # -- load and collection -----------------------------------------------------------------------------
-def batching_producer(client: pulsar.Client, topic: str) -> pulsar.Producer:
+def batching_producer(client: pulsar.Client, topic: str,
+                      batching_delay_ms: int = PACED_BATCHING_DELAY_MS) -> pulsar.Producer:
     """Scheduling producers must batch: pulsar-lite dispatches unbatched messages ~100x slower."""
-    return client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=5,
+    return client.create_producer(topic, batching_enabled=True, batching_max_publish_delay_ms=batching_delay_ms,
                                   batching_max_messages=1000, max_pending_messages=5000, block_if_queue_full=True)
 
 
@@ -401,7 +405,7 @@ def run_batched_pipe(service_url: str, input_topic: str, output_topic: str, subs
 
 
 def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms: int, lead_ms: int,
-              payload_bytes: int, native: bool = False) -> None:
+              payload_bytes: int, native: bool = False, batching_delay_ms: int = PACED_BATCHING_DELAY_MS) -> None:
     """Send rate*seconds messages; message i is due at start_ms + i/rate s and sent lead_ms before that.
 
     With lead_ms == 0 (the pipe's baseline) the deliver-at property is the actual send time, so the
@@ -410,7 +414,7 @@ def run_paced(service_url: str, topic: str, rate: int, seconds: float, start_ms:
     the client sends such messages unbatched, each its own entry, as Pulsar requires).
     """
     client = quiet_client(service_url)
-    producer = batching_producer(client, topic)
+    producer = batching_producer(client, topic, batching_delay_ms)
     n = int(rate * seconds)
     step = 1000.0 / rate
     hard_deadline = time.monotonic() + seconds + lead_ms / 1000.0 + max(0.0, (start_ms - now_ms()) / 1000.0) + 60
@@ -453,6 +457,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     q.add_argument("--lead-ms", type=int, required=True)
     q.add_argument("--payload-bytes", type=int, default=100)
     q.add_argument("--native", action="store_true", help="Also set Pulsar's deliver-at (broker delayed delivery).")
+    q.add_argument("--batching-delay-ms", type=int, default=PACED_BATCHING_DELAY_MS,
+                   help="The producer's batchingMaxPublishDelay.")
     args = ap.parse_args(argv)
     if args.cmd == "pipe":
         run_pipe(args.service_url, args.input, args.output, args.subscription, args.max_seconds)
@@ -462,7 +468,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                          native=args.cmd.endswith("native-pipe"))
     else:
         run_paced(args.service_url, args.topic, args.rate, args.seconds, args.start_ms, args.lead_ms,
-                  args.payload_bytes, args.native)
+                  args.payload_bytes, args.native, args.batching_delay_ms)
 
 
 if __name__ == "__main__":

@@ -28,11 +28,11 @@ from vs_pulsar.common import BenchFailure, Ctx
 from vs_pulsar.dedup import dedup
 from vs_pulsar.lateness import lateness
 from vs_pulsar.memory import memory_control, memory_native, memory_writer
-from vs_pulsar.plans import ALTERNATING, BrokerConf, payload_of_label, plan
+from vs_pulsar.plans import ALTERNATING, PUBLISH, BrokerConf, payload_of_label, plan
 from vs_pulsar.recovery import recovery_native, recovery_writer
 from vs_pulsar.saturated import saturated_native, saturated_pipe, saturated_writer
 
-OURS = ("writer", "batched-pipe")  # contenders of saturated/lateness that run on several standalones
+OURS = ("writer", "batched-pipe", PUBLISH)  # contenders of saturated/lateness that run on several standalones
 
 
 # -- driver -----------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from vs_pulsar.common import (
     stats_of,
     stop_profile,
 )
-from vs_pulsar.plans import tick_of_label
+from vs_pulsar.plans import PUBLISH, tick_of_label
 
 
 # -- 2. lateness -----------------------------------------------------------------------------------------
@@ -26,9 +26,18 @@ def lateness(ctx: Ctx, label: str) -> Dict[str, Any]:
     a = ctx.args
     n = int(a.rate * a.seconds)
     proc: Optional[subprocess.Popen] = None
+    lead_ms, batching_delay_ms = a.lead_ms, wc.PACED_BATCHING_DELAY_MS
     if label == "writer":
         topics, wd, _port, proc, consumer = start_writer(ctx, "late-writer")
         topic = topics.sched
+    elif label == PUBLISH:
+        # The floor of a release that publishes at the due instant: each message sent at its
+        # deliver-at (stamped with its send time) by a producer batching like the writer's release
+        # producer (releaseBatchingDelayMillis, 1 ms), read by the same checking consumer.
+        wd = fresh_dir(ctx.workdir, "late-publish")
+        topic = fresh_topic("late-publish")
+        consumer = wc.output_consumer(ctx.client, topic)
+        lead_ms, batching_delay_ms = 0, 1
     else:
         wd = fresh_dir(ctx.workdir, "late-" + re.sub(r"[^a-z0-9]+", "-", label))
         if tick_of_label(label) != ctx.broker.tick_millis:
@@ -38,8 +47,8 @@ def lateness(ctx: Ctx, label: str) -> Dict[str, Any]:
     paced = None
     try:
         start_ms = wc.now_ms() + PRODUCER_START_MS + a.lead_ms
-        paced = wc.start_paced(ctx.url, topic, a.rate, a.seconds, start_ms, a.lead_ms, a.payload_bytes, wd,
-                               native=proc is None)
+        paced = wc.start_paced(ctx.url, topic, a.rate, a.seconds, start_ms, lead_ms, a.payload_bytes, wd,
+                               native=proc is None and label != PUBLISH, batching_delay_ms=batching_delay_ms)
         spy = start_profile(a, proc.pid, "lateness-writer") if proc is not None else None
         try:
             got = wc.collect(consumer, n, (start_ms - wc.now_ms()) / 1000.0 + a.seconds + a.timeout, quiet_s=2.0,

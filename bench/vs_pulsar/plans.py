@@ -37,6 +37,11 @@ ALTERNATING = ("saturated", "lateness", "dedup")
 
 
 # -- broker plan ---------------------------------------------------------------------------------------
+# The lateness contender that shows the floor of any release path on a standalone: messages
+# published at their deliver-at instant, read by the same consumer (lateness.py).
+PUBLISH = "publish at deliver-at"
+
+
 @dataclass(frozen=True)
 class BrokerConf:
     """One standalone configuration and what runs on it: (part, contender) in order."""
@@ -94,7 +99,7 @@ def plan(smoke: bool, payloads: Sequence[int] = PAYLOADS, ticks: Sequence[int] =
         return [BrokerConf("bucket, tick 100 ms, dedup on", "bucket", 100, True, (
             ("memory", "control"), ("memory", "bucket"), ("recovery", "bucket"),
             *sat("batched-pipe", payloads), *sat("writer", payloads), *sat("bucket", payloads),
-            ("lateness", "writer"), ("lateness", "bucket, tick 100 ms"),
+            ("lateness", "writer"), ("lateness", PUBLISH), ("lateness", "bucket, tick 100 ms"),
             ("dedup", "DedupPublisher"), ("dedup", "broker dedup"), ("dedup", "broker dedup, Java client"),
             ("memory", "writer"), ("recovery", "writer"), ("memory", "writer, table service")), profile="small")]
     P = payloads
@@ -113,7 +118,7 @@ def plan(smoke: bool, payloads: Sequence[int] = PAYLOADS, ticks: Sequence[int] =
             ("memory", "control"), ("memory", "bucket"), ("recovery", "bucket"), *sat("writer", P), *sat("bucket", P),
             ("lateness", "writer"), *late("bucket", T))),
         BrokerConf("bucket strict, tick 1 s", "bucket", 1000, False, (
-            ("lateness", "writer"), *late("bucket strict", T)), strict=True),
+            ("lateness", "writer"), ("lateness", PUBLISH), *late("bucket strict", T)), strict=True),
         *[BrokerConf(f"{tracker}{' strict' if strict else ''}, tick {tick} ms", tracker, tick, False,
                      late(tracker + (" strict" if strict else ""), [tick]), strict=strict)
           for tick in slow for tracker in ("inmemory", "bucket") for strict in (False, True)],

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Optional
 from vs_pulsar.common import ratio
 from vs_pulsar.dedup import summary_dedup
 from vs_pulsar.memory import summary_memory
-from vs_pulsar.plans import payload_of_label, tick_of_label
+from vs_pulsar.plans import PUBLISH, payload_of_label, tick_of_label
 from vs_pulsar.recovery import summary_recovery
 
 
@@ -84,11 +84,19 @@ def summary_lateness(results: Dict[str, Dict[str, Any]], smoke: bool) -> None:
         sem = "strict" if "strict" in key else "non-strict"
         if key.startswith("writer"):
             sem = "never early"
+        elif key.startswith(PUBLISH):
+            sem = "floor: published at the due instant"
         tick = tick_of_label(key)
         print(f"  | {key} | {sem} | {tick or '-'} | {r.get('p50', float('nan')):,.1f} | {spread_of(r, 'p99')} | "
               f"{r.get('max', float('nan')):,.1f} | {r.get('early', 0):,.0f} / {r.get('early_all', 0):,.0f} of "
               f"{r.get('n', 0):,.0f} | {r.get('ok_runs', 0)} of {r.get('attempts', 0)} ({r.get('aborted', 0)}) |")
     for key, r in late.items():
+        if key.startswith(PUBLISH) and r.get("ok_runs"):
+            w = late.get("writer" + key[len(PUBLISH):])  # the writer on the same standalone
+            if w and w.get("ok_runs"):
+                print(f"  lateness p99 writer / its floor ({key}): {ratio_line(w, r, 'p99')} "
+                      f"({w['p99']:.1f} vs {r['p99']:.1f} ms; p50 {w['p50']:.1f} vs {r['p50']:.1f} ms)")
+            continue
         if key.startswith("writer") or not r.get("ok_runs"):
             continue
         short = key.split(",")[0]
@@ -98,7 +106,7 @@ def summary_lateness(results: Dict[str, Dict[str, Any]], smoke: bool) -> None:
                   f"early writer {int(w.get('early_all', 0))}, {key} {int(r.get('early_all', 0))}")
     writers = [r for k, r in late.items() if k.startswith("writer") and r.get("ok_runs")]
     for sem in ("non-strict", "strict"):
-        default_tick = [r for k, r in late.items() if not k.startswith("writer") and r.get("ok_runs")
+        default_tick = [r for k, r in late.items() if not k.startswith(("writer", PUBLISH)) and r.get("ok_runs")
                         and ("strict" in k) == (sem == "strict") and (tick_of_label(k) == 1000 or smoke)]
         if writers and default_tick:
             best = min(r["p99"] for r in default_tick)
