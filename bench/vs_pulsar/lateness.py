@@ -75,10 +75,16 @@ def lateness(ctx: Ctx, label: str) -> Dict[str, Any]:
     paced_line = wc.log_tail(wd / "paced.log", 200).strip().splitlines()[-1:]
     res = {"n": n, "counted": len(late), **st, "early_all": early_all, "duplicates": got.duplicates,
            "exit_code": rc, "paced": paced_line[0] if paced_line else ""}
+    if proc is not None:
+        # The writer stamps when it handed each release to the client: how late its release thread
+        # was, apart from the publish and the dispatch that follow.
+        released = stats_of([r - d for r, d in zip(got.released_at, got.deliver_at) if d >= cut])
+        res.update(released_p50=released["p50"], released_p99=released["p99"])
     print(f"  lateness {label:28s}: arrival - deliver-at ms p50 {st['p50']:8.1f}  p99 {st['p99']:8.1f}  max "
           f"{st['max']:8.1f}  min {st['min']:8.1f} (the {len(late):,} due after the first {a.lateness_skip_s:g} s); "
           f"early {int(st['early']):,} of those, {early_all:,} of all {n:,}; duplicates {got.duplicates} "
-          f"({res['paced']})", flush=True)
+          + (f"; released-at - deliver-at p50 {res['released_p50']:.1f} p99 {res['released_p99']:.1f} "
+             if "released_p99" in res else "") + f"({res['paced']})", flush=True)
     return res
 
 
