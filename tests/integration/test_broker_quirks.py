@@ -656,3 +656,19 @@ def test_localrun_with_a_broker_url_starts_no_embedded_broker(broker, unique, tm
         assert runner.broker is None
     finally:
         runner.stop()
+
+
+def test_each_broker_names_itself_in_its_connected_answer(broker):
+    """`localrun --broker-service-url` decides whether it needs the consumer-id skip (pulsar-lite
+    only) from the server_version of the reachability probe's CONNECTED answer: Apache Pulsar
+    answers "Pulsar Server" + its version (Commands.newConnectedCommand), pulsar-lite its own name."""
+    from pulsar_lifecycle.runtime.connect import check_broker_answers
+    from pulsar_lifecycle.runtime.localrun import runs_apache_pulsar
+
+    version = check_broker_answers(broker.service_url, 10)
+    assert version is not None
+    if kind_of(broker) == "pulsar":
+        assert version.startswith("Pulsar Server4."), version
+    else:
+        assert version.startswith("Pulsar-Lite"), version
+    assert runs_apache_pulsar(broker.service_url, version) == (kind_of(broker) == "pulsar")

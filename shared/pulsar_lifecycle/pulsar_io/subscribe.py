@@ -58,8 +58,8 @@ def skip_consumer_ids(client: pulsar.Client, count: int, topic: str, apache_puls
     The subscription is the process's own: two processes skipping at once would otherwise clash
     on it with the same ids (pulsar-lite refuses the second and closes its connection).
     Nothing is skipped when the caller knows the broker is `apache_pulsar`
-    (runtime.listeners.is_apache_pulsar): it drops a closed connection's consumers, so the skip
-    would only delay the start (0.14-0.21 s of a restart, issue 43)."""
+    (runtime.localrun.runs_apache_pulsar): it drops a closed connection's consumers, so the skip
+    would only delay the start (0.14-0.21 s of a restart)."""
     if count <= 0:
         return 0
     if apache_pulsar:

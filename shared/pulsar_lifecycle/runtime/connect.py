@@ -136,9 +136,26 @@ def error_answer(frame: bytes) -> Optional[Tuple[str, str]]:
             message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message))
 
 
+APACHE_PULSAR_SERVER = "Pulsar Server"  # Apache Pulsar's CONNECTED server_version: "Pulsar Server" + its version
+
+
+def server_version(frame: bytes) -> Optional[str]:
+    """The server_version of a CONNECTED command frame (Apache Pulsar: "Pulsar Server4.0.0";
+    pulsar-lite: "Pulsar-Lite-..."), else None."""
+    if answer_type(frame) != _CONNECTED or len(frame) < 8:
+        return None
+    size = struct.unpack_from(">I", frame, 4)[0]
+    try:
+        version = _fields(_fields(frame[8:8 + size]).get(3, b"")).get(1)
+    except ValueError:
+        return None
+    return version.decode("utf-8", "replace") if isinstance(version, bytes) else None
+
+
 def _ask(host: str, port: int, timeout_s: float, auth: Optional[Tuple[str, bytes]] = None,
-         tls: Optional[ssl.SSLContext] = None) -> Tuple[bool, str]:
-    """(answered, what happened) for one CONNECT sent to host:port (over TLS with `tls`).
+         tls: Optional[ssl.SSLContext] = None) -> Tuple[bool, str, Optional[str]]:
+    """(answered, what happened, the server_version of a CONNECTED answer) for one CONNECT sent
+    to host:port (over TLS with `tls`).
 
     Raises AuthenticationRefused when the broker answers ERROR AuthenticationError, and
     TlsRefused when the TLS handshake fails."""
@@ -163,24 +180,24 @@ def _ask(host: str, port: int, timeout_s: float, auth: Optional[Tuple[str, bytes
                 if not chunk:
                     if len(data) >= 10:
                         break
-                    return False, _CLOSED
+                    return False, _CLOSED, None
                 data += chunk
     except (ConnectionResetError, BrokenPipeError):  # closed before or while we sent: the same to us
-        return False, _CLOSED
+        return False, _CLOSED, None
     except ssl.SSLError as exc:
         raise TlsRefused(f"TLS with {host}:{port} failed: {exc.reason or exc}") from exc
     except socket.timeout:
-        return False, f"accepted the connection but did not answer within {timeout_s:.1f} s"
+        return False, f"accepted the connection but did not answer within {timeout_s:.1f} s", None
     except OSError as exc:
-        return False, f"refused the protocol exchange ({exc.strerror or exc})"
+        return False, f"refused the protocol exchange ({exc.strerror or exc})", None
     kind = answer_type(data)
     if kind is None:
-        return False, "answered with something that is not the Pulsar binary protocol"
+        return False, "answered with something that is not the Pulsar binary protocol", None
     refused = error_answer(data)
     if refused is not None and refused[0] == "AuthenticationError":
         raise AuthenticationRefused(refused[1])
     # CONNECTED, or an ERROR / AUTH_CHALLENGE: either way a Pulsar broker answered.
-    return True, "connected" if kind == _CONNECTED else f"answered with command type {kind}"
+    return True, ("connected" if kind == _CONNECTED else f"answered with command type {kind}"), server_version(data)
 
 
 def _tls_context(settings: ClientSettings) -> ssl.SSLContext:
@@ -206,8 +223,10 @@ def _credential(settings: Optional[ClientSettings]) -> Tuple[Optional[Tuple[str,
     return None, False, f"{settings.auth_plugin}"
 
 
-def check_broker_answers(service_url: str, timeout_s: float, settings: Optional[ClientSettings] = None) -> None:
-    """Raise BrokerError unless a broker of `service_url` answers the protocol within `timeout_s`.
+def check_broker_answers(service_url: str, timeout_s: float, settings: Optional[ClientSettings] = None) -> Optional[str]:
+    """Raise BrokerError unless a broker of `service_url` answers the protocol within `timeout_s`;
+    returns the server_version it answered with (None when not known: no CONNECTED, or a
+    pulsar+ssl:// URL without settings, which is only checked for TCP).
 
     With `settings`: TLS for pulsar+ssl:// URLs as the client will do it (TlsRefused when the
     handshake fails), and the settings' token in the CONNECT (AuthenticationRefused naming the
@@ -217,16 +236,16 @@ def check_broker_answers(service_url: str, timeout_s: float, settings: Optional[
     tls = None
     if service_url.startswith("pulsar+ssl://"):
         if settings is None:
-            return
+            return None
         tls = _tls_context(settings)
     auth, own, how = _credential(settings)
     problems = []
     for host, port in broker_hosts(service_url):
         try:
-            answered, what = _ask(host, port, timeout_s, auth, tls)
+            answered, what, version = _ask(host, port, timeout_s, auth, tls)
         except AuthenticationRefused as exc:
             if not own:
-                return  # refused the probe's lack of credentials, not the plugin's
+                return None  # refused the probe's lack of credentials, not the plugin's
             raise AuthenticationRefused(f"the broker at {service_url} refused authentication with {how}: "
                                         f"{exc}") from None
         except TlsRefused as exc:
@@ -234,7 +253,7 @@ def check_broker_answers(service_url: str, timeout_s: float, settings: Optional[
                              f"{settings.tls_trust_cert_path if settings and settings.tls_trust_cert_path else 'the system CAs'}"
                              "; --tls-trust-cert-path / tlsTrustCertsFilePath)") from None
         if answered:
-            return
+            return version
         problems.append(f"{host}:{port} {what}")
     raise BrokerError(f"no Pulsar broker answers at {service_url}: {'; '.join(problems)}")
 

@@ -30,7 +30,7 @@ from ..state import open_state_store
 from ..state.base import StateStore
 from .broker import EmbeddedBroker, is_apache_pulsar, lock_holder, wait_for_broker
 from .client import ClientSettings, make_client
-from .connect import check_broker_answers
+from .connect import APACHE_PULSAR_SERVER, check_broker_answers
 from .context import FunctionIdentity, LocalContext
 from .input_tails import InputTails
 from .instance import FunctionInstance
@@ -47,12 +47,20 @@ START_TICK_S = 0.2
 START_TICKS_S = 60.0
 
 
-def check_reachable(service_url: str, timeout: float = 5.0) -> None:
+def check_reachable(service_url: str, timeout: float = 5.0) -> Optional[str]:
     """Fail fast, naming the URL and the time waited, when no broker of `service_url` accepts
     TCP connections or answers the Pulsar protocol (the client would otherwise retry for its
-    whole operation timeout)."""
+    whole operation timeout). Returns the server_version the broker answered with."""
     waited = wait_for_broker(service_url, timeout)
-    check_broker_answers(service_url, max(1.0, timeout - waited))
+    return check_broker_answers(service_url, max(1.0, timeout - waited))
+
+
+def runs_apache_pulsar(service_url: str, server_version: Optional[str]) -> bool:
+    """Whether the broker is Apache Pulsar (no consumer-id skip needed): from the server_version
+    its CONNECTED answer gave, else from the local listener's command line (/proc)."""
+    if server_version is not None:
+        return server_version.startswith(APACHE_PULSAR_SERVER)
+    return is_apache_pulsar(service_url)
 
 
 class DataDirError(PulsarLifecycleError):
@@ -172,8 +180,9 @@ class LocalRunner:
         # derive their paths from it, and the broker runs in a working directory of its own.
         data_dir = absolute(self.options.data_dir)
         prepare_data_dir(data_dir)
+        server_version: Optional[str] = None
         if self.options.broker_service_url:
-            check_reachable(self.options.broker_service_url)
+            server_version = check_reachable(self.options.broker_service_url)
         else:
             # The embedded broker's store cannot be shared; with an external broker several
             # functions may share one --data-dir (state tables and snapshot dirs are per function).
@@ -204,10 +213,11 @@ class LocalRunner:
         if self.options.broker_service_url:
             # A broker this process does not own may still hold a SIGKILLed predecessor's
             # consumers under the ids this client would pick first (pulsar-lite: subscribe.py).
-            # Apache Pulsar drops a closed connection's consumers: no skip (found from /proc, no round trip).
+            # Apache Pulsar drops a closed connection's consumers: no skip (told by the reachability
+            # probe's answer, no further round trip).
             skip_consumer_ids(client, random_skip(), f"non-persistent://{spec.tenant}/{spec.namespace}/"
                                                      "pulsar-lifecycle-consumer-ids",
-                              apache_pulsar=is_apache_pulsar(self.options.broker_service_url))
+                              apache_pulsar=runs_apache_pulsar(self.options.broker_service_url, server_version))
         parallelism = max(1, int(spec.parallelism or 1))
         total = self.options.num_instances or self.options.instance_id_offset + parallelism
         if total < self.options.instance_id_offset + parallelism:
