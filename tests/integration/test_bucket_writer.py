@@ -113,31 +113,42 @@ def test_metrics_with_pulsar_names_on_the_local_endpoint(broker, tmp_path, uniqu
     assert any(k.startswith("pulsar_function_user_metric_count") for k in lines)
 
 
-def test_a_failed_start_releases_the_snapshot_directory(broker, tmp_path, unique):
-    """build_service fails (here: the direct-intake subscribe) after taking the snapshot-directory
-    lock; the next attempt must fail for the same reason, not "directory in use"."""
+def _writer_context(client, spec, tmp_path, user):
+    """A LocalContext of the writer `spec` with `user` as its userConfig and its state in tmp_path."""
     import logging
 
     from pulsar_lifecycle.runtime.context import FunctionIdentity, LocalContext
     from pulsar_lifecycle.runtime.metrics import FunctionMetrics
-    from pulsar_lifecycle.scheduler.factory import build_service
     from pulsar_lifecycle.state.directory import DirectoryStateStore
 
+    return LocalContext(
+        identity=FunctionIdentity("public", "default", spec.name, 0, "fid", "1"), client=client, consumers={},
+        input_topics=list(spec.inputs), output_topic=spec.output, output_serde_class_name="serde.IdentitySerDe",
+        user_config=user, secrets={}, state=DirectoryStateStore(tmp_path / "state", "public", "default", "w"),
+        metrics=FunctionMetrics(spec.fqfn), logger=logging.getLogger("test"))
+
+
+def _two_failed_builds(ctx):
+    """The errors of two build_service attempts that must fail (the failures kept alive, as a
+    runtime that logs them would: no GC closing the directory's lock)."""
+    from pulsar_lifecycle.scheduler.factory import build_service
+
+    infos = []
+    for _ in range(2):
+        with pytest.raises(Exception) as info:
+            build_service(ctx)
+        infos.append(info)
+    return [str(i.value) for i in infos]
+
+
+def test_a_failed_start_releases_the_snapshot_directory(broker, tmp_path, unique):
+    """build_service fails (here: the direct-intake subscribe) after taking the snapshot-directory
+    lock; the next attempt must fail for the same reason, not "directory in use"."""
     spec, _ = writer_spec(unique, tmp_path)
-    user = dict(spec.user_config, schedulingTopic="persistent://public/default")
     client = quiet_client(broker.service_url)
     try:
-        ctx = LocalContext(
-            identity=FunctionIdentity("public", "default", spec.name, 0, "fid", "1"), client=client, consumers={},
-            input_topics=list(spec.inputs), output_topic=spec.output, output_serde_class_name="serde.IdentitySerDe",
-            user_config=user, secrets={}, state=DirectoryStateStore(tmp_path / "state", "public", "default", "w"),
-            metrics=FunctionMetrics(spec.fqfn), logger=logging.getLogger("test"))
-        infos = []  # kept alive, as a runtime that logs the failure would (no GC closing the lock)
-        for _ in range(2):
-            with pytest.raises(Exception) as info:
-                build_service(ctx)
-            infos.append(info)
-        errors = [str(i.value) for i in infos]
+        errors = _two_failed_builds(_writer_context(
+            client, spec, tmp_path, dict(spec.user_config, schedulingTopic="persistent://public/default")))
     finally:
         client.close()
     assert "in use" not in errors[1], errors
@@ -149,30 +160,15 @@ def test_a_restart_whose_recovery_fails_while_the_producer_opens_fails_alike_and
     """On the usual restart the index recovers on a thread while the release producer opens
     (factory._assemble). A recovery that fails there is the start's error, and the directory's
     lock is given back only once that thread is done: the next attempt fails alike, not "in use"."""
-    import logging
-
-    from pulsar_lifecycle.runtime.context import FunctionIdentity, LocalContext
-    from pulsar_lifecycle.runtime.metrics import FunctionMetrics
     from pulsar_lifecycle.scheduler.factory import build_service
-    from pulsar_lifecycle.state.directory import DirectoryStateStore
 
     spec, _ = writer_spec(unique, tmp_path)
     client = quiet_client(broker.service_url)
     try:
-        ctx = LocalContext(
-            identity=FunctionIdentity("public", "default", spec.name, 0, "fid", "1"), client=client, consumers={},
-            input_topics=list(spec.inputs), output_topic=spec.output, output_serde_class_name="serde.IdentitySerDe",
-            user_config=dict(spec.user_config), secrets={},
-            state=DirectoryStateStore(tmp_path / "state", "public", "default", "w"),
-            metrics=FunctionMetrics(spec.fqfn), logger=logging.getLogger("test"))
+        ctx = _writer_context(client, spec, tmp_path, dict(spec.user_config))
         build_service(ctx).stop()  # a new index: its id in the store and in the state
         (tmp_path / "snapshots" / "cursor.bin").write_bytes(b"\xff\xff not a cursor")
-        infos = []
-        for _ in range(2):
-            with pytest.raises(Exception) as info:
-                build_service(ctx)
-            infos.append(info)
-        errors = [str(i.value) for i in infos]
+        errors = _two_failed_builds(ctx)
     finally:
         client.close()
     assert "cursor" in errors[0].lower(), errors
