@@ -46,13 +46,13 @@ def pack_bitmap(index_ids: BitMap) -> BitMap:
         try:
             import numpy as np  # optional (not a core dependency); only for large conversions
         except ImportError:
-            return BitMap(pack(v) for v in index_ids)
+            return pack_ids(index_ids)
         ids = np.frombuffer(index_ids.to_array(), dtype=np.uint32)
         packed = (ids >> BATCH_BITS) | ((ids & MAX_BATCH_INDEX) << PACK_SHIFT)
         out = array("I")
         out.frombytes(packed.astype(np.uint32).tobytes())
         return BitMap(out)
-    return BitMap(pack(v) for v in index_ids)
+    return pack_ids(index_ids)
 
 
 def pack_ids(index_ids: Iterable[int]) -> BitMap:

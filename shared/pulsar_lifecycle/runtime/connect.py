@@ -121,14 +121,22 @@ def _fields(data: bytes) -> dict:
     return out
 
 
+def _command_of(frame: bytes, kind: int, field: int) -> Optional[dict]:
+    """The fields of the command a frame of type `kind` carries in BaseCommand field `field`
+    (ERROR: 14, CONNECTED: 3); None for a frame of another type or one that does not parse."""
+    if answer_type(frame) != kind or len(frame) < 8:
+        return None
+    size = struct.unpack_from(">I", frame, 4)[0]
+    try:
+        return _fields(_fields(frame[8:8 + size]).get(field, b""))
+    except ValueError:
+        return None
+
+
 def error_answer(frame: bytes) -> Optional[Tuple[str, str]]:
     """(server error name, message) of an ERROR command frame, else None."""
-    if answer_type(frame) != _ERROR or len(frame) < 8:
-        return None
-    total, size = struct.unpack_from(">II", frame, 0)
-    try:
-        error = _fields(_fields(frame[8:8 + size]).get(14, b""))
-    except ValueError:
+    error = _command_of(frame, _ERROR, 14)
+    if error is None:
         return None
     code = error.get(2, 0)
     message = error.get(3, b"")
@@ -142,13 +150,8 @@ APACHE_PULSAR_SERVER = "Pulsar Server"  # Apache Pulsar's CONNECTED server_versi
 def server_version(frame: bytes) -> Optional[str]:
     """The server_version of a CONNECTED command frame (Apache Pulsar: "Pulsar Server4.0.0";
     pulsar-lite: "Pulsar-Lite-..."), else None."""
-    if answer_type(frame) != _CONNECTED or len(frame) < 8:
-        return None
-    size = struct.unpack_from(">I", frame, 4)[0]
-    try:
-        version = _fields(_fields(frame[8:8 + size]).get(3, b"")).get(1)
-    except ValueError:
-        return None
+    connected = _command_of(frame, _CONNECTED, 3)
+    version = connected.get(1) if connected is not None else None
     return version.decode("utf-8", "replace") if isinstance(version, bytes) else None
 
 
