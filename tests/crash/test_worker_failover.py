@@ -39,6 +39,7 @@ import yaml
 from pulsar_lifecycle.bucket.storage.bookkeeper_lease import BookKeeperLease
 from pulsar_lifecycle.bucket.storage.lease import Lease
 from pulsar_lifecycle.config.function_config import load_function_config
+from pulsar_lifecycle.dedup.recovery import PRODUCER_PROPERTY, SEQUENCE_PROPERTY
 from pulsar_lifecycle.delaylevel.producer import DelayLevelProducer
 from pulsar_lifecycle.delaylevel.strategy import DelayLevelTopicPartitionStrategy, PartitionBy
 from pulsar_lifecycle.deletion.admin import PulsarAdminClient
@@ -170,6 +171,7 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
     # when the new worker reads the assignment, while the old worker may still stop its copy.
     # Allowed (the lease's epoch fences the old copy); measured and printed.
     doubled: List[Tuple[float, str]] = []
+    seen_as: Dict[str, List[str]] = {}
     try:
         sa, admin = cluster.standalone, cluster.admin
         configs = _configs(tmp_path, sa.admin_url, sa.bookie_http_url)
@@ -227,8 +229,12 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
                     continue
                 # The writer's clock at the release round (a batch's publish_timestamp is when the
                 # batch opened, which can be before the round that added this message).
-                at = msg.properties().get(RELEASED_AT_PROP)
+                props = msg.properties()
+                at = props.get(RELEASED_AT_PROP)
                 got.setdefault(msg.data().decode(), []).append(int(at) if at else msg.publish_timestamp())
+                # Who published it under which id, and where it landed: what a duplicate is explained by.
+                seen_as.setdefault(msg.data().decode(), []).append(
+                    f"{props.get(PRODUCER_PROPERTY)}#{props.get(SEQUENCE_PROPERTY)} at {msg.message_id()}")
                 releases.acknowledge(msg)
 
         def sample_instances() -> None:
@@ -336,6 +342,15 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
         watch.close()
         history = watch.history
         watch = None
+        twice_now = sorted(p for p, ats in got.items() if len(ats) > 1)
+        if twice_now:  # the writer's side of each duplicate, before the cluster's logs are gone
+            for p in twice_now[:3]:
+                print(f"released twice: {p} due {(due[p] / 1000 - killed_at):+.1f} s from the kill, "
+                      f"released at {[round(a / 1000 - killed_at, 1) for a in got[p]]} s: {seen_as.get(p)}")
+            for i in range(WRITER_PARALLELISM):
+                events = [ln for ln in cluster.instance_log_text(fq["writer"], i).splitlines()
+                          if re.search(r"event=\S*(recover|partition|lease|dedup)", ln)]
+                print(f"writer instance {i}:\n  " + "\n  ".join(events[-60:]))
     finally:
         stop_load.set()
         stop_receive.set()
@@ -363,6 +378,10 @@ def test_a_lost_worker_moves_its_instances_and_partitions(tmp_path: Path) -> Non
     print("instances seen on both workers at once (s, by 0.5 s samples):", json.dumps(overlap),
           "at", [round(t - killed_at, 1) for t, _n in doubled][:10], "s from the kill")
     print("lease epochs:", json.dumps({k: sorted({lease.epoch for _t, lease in h}) for k, h in history.items()}))
+    print("lease takes (partition: epoch, owner's instance/incarnation, first seen s from the kill):", json.dumps({
+        k: [(lease.epoch, "/".join(lease.owner.rsplit("/", 2)[-2:]), round(t - killed_at, 1))
+            for i, (t, lease) in enumerate(h) if i == 0 or h[i - 1][1].epoch != lease.epoch]
+        for k, h in history.items()}))
 
     # -- exactly once, never early ---------------------------------------------------------------
     missing = sorted(set(due) - set(got), key=lambda p: due[p])

@@ -457,3 +457,63 @@ def test_publish_many_bad_message_ends_the_burst_but_not_the_channel(broker, uni
     finally:
         client.close()
     assert count_topic(broker.service_url, topic, 4) == Counter({(NAME, s): 1 for s in range(1, 5)})
+
+
+@pytest.mark.pulsar_only("pulsar-lite accepts a second producer of the same name (Apache Pulsar: ProducerBusy)")
+def test_a_successor_opens_only_after_its_predecessor_and_sees_everything_it_sent(broker, unique, tmp_path):
+    """A partition's stale owner still sending while its successor opens the same target under the
+    same producer name (a rebalance's overlap): the successor's open is refused while the
+    predecessor's producer lives, and once it opens, its map holds everything the predecessor
+    stored, so re-sending the predecessor's ids stores none of them again."""
+    topic = f"persistent://public/default/dd-{unique}"
+    old_client, new_client = make_client(broker.service_url), make_client(broker.service_url)
+    refused = 0
+    sent_until = [0]
+    stop = threading.Event()
+    try:
+        old = DedupPublisher(old_client, NAME, make_store(tmp_path), batching_max_publish_delay_ms=1)
+        old.open(topic)
+
+        def keep_sending() -> None:  # the predecessor releasing until it is closed under its feet
+            seq = 0
+            while not stop.is_set() and seq < 200_000:
+                burst = [OutMessage(f"m{s}".encode(), s) for s in range(seq + 1, seq + 51)]
+                try:
+                    old.publish_many(topic, burst)
+                except PublishError:
+                    return
+                seq += 50
+                sent_until[0] = seq
+                time.sleep(0.002)
+
+        sender = threading.Thread(target=keep_sending, daemon=True)
+        sender.start()
+        new = DedupPublisher(new_client, NAME, make_store(tmp_path))
+        deadline = time.monotonic() + 60
+        opened = False
+        while time.monotonic() < deadline and not opened:
+            if refused == 3:
+                threading.Timer(0.05, old.close, kwargs={"timeout_s": 10}).start()  # closed mid-open
+            try:
+                new.open(topic)
+                opened = True
+            except pulsar.ProducerBusy:
+                refused += 1
+        stop.set()
+        sender.join(timeout=30)
+        assert opened, f"the successor never opened ({refused} refusals)"
+        assert refused >= 3, "the predecessor's live producer did not keep its successor out"
+        stored = new.persisted_seq(topic)
+        assert stored > 0
+        # Everything the predecessor handed over again, as a recovered index releases it.
+        outcomes = Counter(new.publish(topic, f"m{s}".encode(), s) for s in range(1, sent_until[0] + 1))
+        new.flush(60)
+        new.close()
+    finally:
+        stop.set()
+        old_client.close()
+        new_client.close()
+    counts = count_topic(broker.service_url, topic, sent_until[0])
+    twice = sorted(k for k, n in counts.items() if n > 1)
+    assert not twice, f"{len(twice)} ids stored twice, first {twice[:5]} (successor knew {stored})"
+    assert sum(outcomes.values()) == sent_until[0]

@@ -6,7 +6,7 @@ worker; its predecessor died without releasing its partitions' leases, and the t
 cannot tell a dead holder from a live one. Before, the moved instance waited out
 `partitionLeaseSeconds` for each partition (measured on two Pulsar workers: the partitions of
 the lost worker served again only after the lease's remaining time). Now a new incarnation of the
-same instance id takes the lease at once under a higher epoch; the old incarnation's writes are
+same instance id takes the lease at once under a higher epoch and the earlier one cannot take it back; the old incarnation's writes are
 refused; another instance still waits for the expiry. Runs against the local table server.
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from pulsar_lifecycle.bucket.storage import bookkeeper_partition_storage
-from pulsar_lifecycle.bucket.storage.lease import LeaseBusyError, LeaseLostError
+from pulsar_lifecycle.bucket.storage.lease import LeaseBusyError, LeaseLostError, new_incarnation
 from servers.bk_table_server import start_table_server
 
 pytestmark = [pytest.mark.integration]
@@ -28,13 +28,16 @@ def test_a_moved_instance_takes_its_partition_at_once_and_fences_its_predecessor
             return bookkeeper_partition_storage(server.url, "public", "default", "writer-x", "partition-1",
                                                 owner, TTL_MS)
 
-        old_store, old_leases, old = take(f"{FQFN}/1/aaaaaaaaaaaa")  # instance 1, then lost unreleased
+        first, second = new_incarnation(1_000_000), new_incarnation(2_000_000)  # two process starts
+        old_store, old_leases, old = take(f"{FQFN}/1/{first}")  # instance 1, then lost unreleased
         old_store.put_cursor(b"before")
         with pytest.raises(LeaseBusyError):
-            take(f"{FQFN}/0/bbbbbbbbbbbb")  # another instance waits for the expiry
-        new_store, new_leases, new = take(f"{FQFN}/1/cccccccccccc")  # instance 1 started again elsewhere
+            take(f"{FQFN}/0/{second}")  # another instance waits for the expiry
+        new_store, new_leases, new = take(f"{FQFN}/1/{second}")  # instance 1 started again elsewhere
         try:
-            assert new.epoch == old.epoch + 1 and new.owner.endswith("/1/cccccccccccc")
+            assert new.epoch == old.epoch + 1 and new.owner.endswith(f"/1/{second}")
+            with pytest.raises(LeaseBusyError):
+                take(f"{FQFN}/1/{first}")  # the earlier copy, still stopping, cannot take it back
             assert new_store.get_cursor() == b"before"  # what the predecessor wrote is there
             with pytest.raises(LeaseLostError):
                 old_store.put_cursor(b"stale")  # the predecessor, were it still running, is fenced

@@ -317,21 +317,13 @@ class DedupPublisher:
             seqmap.replay(name, seq, position_of(msg.message_id()))
             return True
 
-        stats = read_tail(
-            self.client, topic, seqmap.position, on_message,
-            timeout_s=self.recovery_timeout_s, max_messages=self.recovery_max_messages,
-        )
-        if stats.end is not None and stats.messages_read:
-            seqmap.advance_position(stats.end)
-        seqmap.producer_added(name)
-        ch = TopicChannel(topic=topic, seqmap=seqmap, producer_name=name, state_store=self.state_store, recovery=stats,
-                          on_landed=self._on_landed)
-        if stats.messages_read:
-            # Record the replay so the next recovery starts after it (Pulsar does this only past
-            # brokerDeduplicationEntriesInterval entries; one put is cheaper than any re-read).
-            ch.due_snapshot = seqmap.take_snapshot()
-            ch.write_due_snapshot()
-        ch.producer = self.client.create_producer(
+        # The producer first, the replay after it. Apache Pulsar refuses a second producer of the same
+        # name on a topic while the first one's connection lives (ProducerBusy), and removes a
+        # closed one only after the broker stored what it had accepted. So once this producer
+        # exists, every message an earlier copy of this publisher (a partition's stale owner, still
+        # stopping) sent is already on the topic, and the replay below sees it: replayed first, a
+        # copy that sent after the replay's end was measured would have its releases sent again.
+        producer = self.client.create_producer(
             topic,
             producer_name=name,
             block_if_queue_full=True,
@@ -342,6 +334,28 @@ class DedupPublisher:
             max_pending_messages=self.max_pending_messages,
             properties=self.producer_properties or None,
         )
+        try:
+            stats = read_tail(
+                self.client, topic, seqmap.position, on_message,
+                timeout_s=self.recovery_timeout_s, max_messages=self.recovery_max_messages,
+            )
+            if stats.end is not None and stats.messages_read:
+                seqmap.advance_position(stats.end)
+            seqmap.producer_added(name)
+            ch = TopicChannel(topic=topic, seqmap=seqmap, producer_name=name, state_store=self.state_store,
+                              recovery=stats, on_landed=self._on_landed)
+            if stats.messages_read:
+                # Record the replay so the next recovery starts after it (Pulsar does this only past
+                # brokerDeduplicationEntriesInterval entries; one put is cheaper than any re-read).
+                ch.due_snapshot = seqmap.take_snapshot()
+                ch.write_due_snapshot()
+        except BaseException:
+            try:
+                producer.close()
+            except pulsar.PulsarException as exc:  # the replay's error is the one to raise
+                log.warning("event=dedup_channel_producer_close_failed topic=%s producer=%s error=%s", topic, name, exc)
+            raise
+        ch.producer = producer
         log.info(
             "event=dedup_channel_opened topic=%s producer=%s snapshot=%s snapshot_position=%s replayed=%d "
             "matched=%d highest=%d recovery_seconds=%.3f",

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import uuid
 import weakref
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
@@ -18,7 +17,8 @@ from ..bucket.storage import (
     bookkeeper_snapshot_storage,
     lock_exclusively,
 )
-from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper
+from ..bucket.storage.lease import FencedSnapshotStorage, LeaseKeeper, new_incarnation
+from ..clock import wall_clock_ms
 from ..config.settings import ConfigError
 from ..dedup.publisher import DedupPublisher
 from ..runtime.context_api import num_instances, pulsar_client
@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
+# This process's incarnation in partition lease owners: set once, when Pulsar's instance (or
+# localrun) imports the writer, so every build in this process, and only a later process, may take
+# this process's partitions at once (bucket/storage/lease.py, `superseded`).
+_INCARNATION = new_incarnation(wall_clock_ms())
 
 # Each service's targetPermissionCheck, for the runtime intake (functions/bucket_snapshot_writer.py
 # classifies what process() receives): target_check_of(service).
@@ -76,7 +80,7 @@ def open_partition_snapshot_storage(cfg: WriterConfig, context: Any, partition: 
     from .partition_assignment import partition_label
 
     fqfn = f"{context.get_function_tenant()}/{context.get_function_namespace()}/{context.get_function_name()}"
-    owner = f"{fqfn}/{context.get_instance_id()}/{uuid.uuid4().hex[:12]}"
+    owner = f"{fqfn}/{context.get_instance_id()}/{_INCARNATION}"
     ttl_ms = cfg.partition_lease_seconds * 1000
     where = snapshot_location(cfg, context, per_instance=False)
     log.info("event=bucket_index_location partition=%d %s", partition, where.describe())

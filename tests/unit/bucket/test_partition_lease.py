@@ -18,7 +18,9 @@ from pulsar_lifecycle.bucket.storage.lease import (
     LeaseBusyError,
     LeaseKeeper,
     LeaseLostError,
+    new_incarnation,
     renewed_lease,
+    superseded,
     taken_lease,
 )
 from pulsar_lifecycle.clock import FakeClock
@@ -67,6 +69,27 @@ def test_take_rules():
     assert taken_lease(Lease(3, "a", 0), "b", 10, 5) == Lease(4, "b", 15)  # released
     # The same owner name takes a new epoch too: it fences its own earlier incarnation.
     assert taken_lease(Lease(3, "a", 0), "a", 10, 5).epoch == 4
+
+
+def test_only_the_same_or_a_later_incarnation_of_the_instance_supersedes():
+    fn = "public/default/writer"
+    early, late = new_incarnation(1_000), new_incarnation(2_000)
+    held = Lease(3, f"{fn}/0/{early}", 10_000)
+    # A later copy of instance 0 (moved to another worker) takes the running lease at once ...
+    assert taken_lease(held, f"{fn}/0/{late}", 5_000, 500) == Lease(4, f"{fn}/0/{late}", 5_500)
+    # ... and the earlier copy, still stopping during a rebalance, cannot take it back.
+    assert taken_lease(Lease(4, f"{fn}/0/{late}", 10_000), f"{fn}/0/{early}", 5_000, 500) is None
+    # The same process (a partition rebuilt after a failure) takes it again, under a new epoch.
+    assert taken_lease(held, f"{fn}/0/{early}", 5_000, 500) == Lease(4, f"{fn}/0/{early}", 5_500)
+    # Another instance, or another function, waits for the expiry whatever its start.
+    assert taken_lease(held, f"{fn}/1/{late}", 5_000, 500) is None
+    assert taken_lease(held, f"public/default/other/0/{late}", 5_000, 500) is None
+    # An owner named before incarnations had a start counts as the earliest.
+    assert superseded(f"{fn}/0/0123456789ab", f"{fn}/0/{early}")
+    assert not superseded(f"{fn}/0/{early}", f"{fn}/0/0123456789ab")
+    # Two starts in the same ms: exactly one of them supersedes the other.
+    a, b = new_incarnation(7), new_incarnation(7)
+    assert superseded(f"{fn}/0/{a}", f"{fn}/0/{b}") != superseded(f"{fn}/0/{b}", f"{fn}/0/{a}")
 
 
 def test_renew_rules():

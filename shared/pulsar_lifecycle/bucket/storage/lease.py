@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, Protocol, Sequence, Tuple
@@ -34,6 +35,7 @@ __all__ = [
     "LeaseLostError",
     "PartitionLeaseStore",
     "renewed_lease",
+    "new_incarnation",
     "superseded",
     "taken_lease",
 ]
@@ -73,16 +75,40 @@ class Lease:
         return lease
 
 
-def superseded(holder: str, owner: str) -> bool:
-    """True when `holder` is an earlier incarnation of the instance `owner` names.
+def new_incarnation(now_ms: int) -> str:
+    """An incarnation name for a process started at `now_ms`: `<start ms>-<random hex>`, ordered by
+    its start (`superseded`), unique by its random part."""
+    return f"{int(now_ms)}-{uuid.uuid4().hex[:12]}"
 
-    Owners are named `<fqfn>/<instance id>/<incarnation>` (scheduler/factory.py). Pulsar runs
-    one copy of each instance id of a function: a worker starts instance i only once i's previous
-    assignment is gone (its worker stopped it, or died and the leader reassigned it). So a new
-    incarnation of i finding i's lease still running knows its holder is dead or being stopped,
-    and need not wait for the expiry; a holder that still runs is fenced by the new epoch."""
+
+def _incarnation_order(incarnation: str) -> Tuple[int, str]:
+    # A name without a start (`<hex>`, as owners were named before) sorts before every started one.
+    start, sep, rest = incarnation.partition("-")
+    if sep and start.isdigit():
+        return int(start), rest
+    return -1, incarnation
+
+
+def superseded(holder: str, owner: str) -> bool:
+    """True when `owner` may take `holder`'s running lease at once: both name the same instance and
+    `owner` is the same incarnation or a later one (it started later).
+
+    Owners are named `<fqfn>/<instance id>/<incarnation>` (scheduler/factory.py), one incarnation
+    per process (`new_incarnation`). Pulsar runs one copy of each instance id of a function: a
+    worker starts instance i only once i's previous assignment is gone (its worker stopped it, or
+    died and the leader reassigned it). So a later incarnation of i finding i's lease still running
+    knows its holder is dead or being stopped, and need not wait for the expiry; a holder that
+    still runs is fenced by the new epoch. Only the later one may: during a rebalance both copies
+    run for a moment, and an earlier copy that could take the lease back would take turns with its
+    successor, each take a recovery that releases everything after the committed watermark again.
+    The same incarnation (a partition rebuilt in the same process) takes it too: its earlier
+    service is stopped, or fenced by the new epoch. Start times come from each worker's clock; a
+    successor whose clock is behind its predecessor's by more than the time between their starts
+    waits for the lease to expire or be released, as for another instance."""
     h, o = holder.rsplit("/", 1), owner.rsplit("/", 1)
-    return len(h) == 2 and len(o) == 2 and h[0] == o[0] and h[1] != o[1]
+    if len(h) != 2 or len(o) != 2 or h[0] != o[0]:
+        return False
+    return h[1] == o[1] or _incarnation_order(o[1]) > _incarnation_order(h[1])
 
 
 def taken_lease(current: Optional[Lease], owner: str, now_ms: int, ttl_ms: int,
@@ -90,8 +116,8 @@ def taken_lease(current: Optional[Lease], owner: str, now_ms: int, ttl_ms: int,
     """The lease `owner` gets now, or None while another owner's lease still runs.
 
     Free = never taken, released (`expires_ms == 0`), expired, its holder known dead (the
-    directory store sees a dead holder's process lock go), or its holder an earlier incarnation
-    of the same instance (`superseded`: on the table service, which cannot see a dead holder,
+    directory store sees a dead holder's process lock go), or its holder the same or an earlier
+    incarnation of the same instance (`superseded`: on the table service, which cannot see a dead holder,
     an instance moved to another worker would otherwise wait out the lease). A take always
     increments the epoch, also for the same owner name: a restarted process must fence its own
     earlier incarnation.
