@@ -236,6 +236,9 @@ def _assemble(context: Any, cfg: WriterConfig, names: _Names,
             # message to retry it: a tick does (the hook arm_wake sets once the service runs).
             service.on_failure = lambda: wake_after_failure(client, cfg.tick_topic, cfg.tick_time_millis)
         _TARGET_CHECKS[service] = target_check
+        for res in resources:
+            if isinstance(res, LeaseKeeper):  # a partition's: a lost lease stops the service at once
+                res.watch(service.fence)
         service.start(recovered=recovery.result() if recovery is not None else None)
     except BaseException:
         if recovery is not None:

@@ -315,6 +315,16 @@ class SchedulerService:
                 log.exception("event=scheduler_thread_failed thread=%s error=%r", threading.current_thread().name, exc)
         return run
 
+    def fence(self, exc: BaseException) -> None:
+        """The partition's lease was taken over (LeaseKeeper): stop as after a failed thread, so
+        the owner stops this service (its producers close) and waits for the lease, instead of
+        finding out at the next write or release round, which an idle partition may not have."""
+        if self.failure is None:
+            self.failure = exc
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+
     @property
     def healthy(self) -> bool:
         """False once a worker thread died; the function then builds a new service."""

@@ -215,6 +215,9 @@ def test_keeper_reports_a_take_over(tmp_path):
     while not lost and time.monotonic() < deadline:
         time.sleep(0.02)
     assert lost and isinstance(lost[0], LeaseLostError)
+    late: list = []
+    keeper.watch(late.append)  # a watcher that comes after the loss hears of it at once
+    assert late == lost[:1]
     keeper.close()  # does not release the thief's lease
     thief.check(thief.current())
     thief.close()

@@ -172,8 +172,10 @@ class PartitionLeaseStore(Protocol):
 class LeaseKeeper:
     """Renews an owned lease every ttl/3 on a daemon thread; close() stops and releases it.
 
-    A renewal that finds the lease taken over stops renewing and calls `on_lost`; the owner's
-    next fenced write or release round is refused anyway (the epoch, not this thread, is the fence).
+    A renewal that finds the lease taken over stops renewing and calls `on_lost` (given here or
+    later through `watch`); the owner's next fenced write or release round is refused anyway (the
+    epoch, not this thread, is the fence), but an owner with nothing to write or release would
+    otherwise notice only then, keeping its producers open in its successor's way.
     """
 
     def __init__(self, store: PartitionLeaseStore, lease: Lease, ttl_ms: int,
@@ -183,6 +185,7 @@ class LeaseKeeper:
         self.ttl_ms = ttl_ms
         self.lost: Optional[BaseException] = None
         self._on_lost = on_lost
+        self._lost_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="partition-lease", daemon=True)
 
@@ -191,16 +194,26 @@ class LeaseKeeper:
         self._thread.start()
         return self
 
+    def watch(self, on_lost: Callable[[BaseException], None]) -> None:
+        """Call `on_lost(error)` when a renewal finds the lease taken over; at once when one already did."""
+        with self._lost_lock:
+            self._on_lost = on_lost
+            lost = self.lost
+        if lost is not None:
+            on_lost(lost)
+
     def _run(self) -> None:
         interval = max(0.05, self.ttl_ms / 3000.0)
         while not self._stop.wait(interval):
             try:
                 self.lease = self.store.renew(self.lease, self.ttl_ms)
             except LeaseLostError as exc:
-                self.lost = exc
                 log.error("event=partition_lease_lost store=%r epoch=%d error=%s", self.store, self.lease.epoch, exc)
-                if self._on_lost is not None:
-                    self._on_lost(exc)
+                with self._lost_lock:
+                    self.lost = exc
+                    on_lost = self._on_lost
+                if on_lost is not None:
+                    on_lost(exc)
                 return
             except Exception as exc:  # a storage hiccup: the next renewal retries before expiry
                 log.warning("event=partition_lease_renew_failed store=%r epoch=%d error=%r",
