@@ -302,3 +302,32 @@ def test_num_instances_from_each_context_kind():
     details = SimpleNamespace(parallelism=5)
     assert num_instances(SimpleNamespace(instance_config=SimpleNamespace(function_details=details))) == 5
     assert num_instances(SimpleNamespace()) == 1
+
+
+def test_bookkeeper_lease_reads_again_when_a_take_lands_between_its_two_gets():
+    """The epoch key and the record are two gets; a take (one Txn) between them makes one read
+    disagree. It is read again; only a disagreement that stays is an error."""
+    import types
+
+    from pulsar_lifecycle.bucket.storage.base import SnapshotStorageError
+    from pulsar_lifecycle.bucket.storage.bookkeeper_lease import READ_ATTEMPTS, BookKeeperLease, epoch_value
+
+    taken = Lease(1, "public/default/w/0/1-abc", 5_000)
+
+    class Table:
+        service = types.SimpleNamespace(url="bk://test")
+
+        def __init__(self, stale_epoch_reads: int) -> None:
+            self.stale = stale_epoch_reads
+
+        def routed_get(self, _routing: bytes, key: bytes):
+            if key.endswith(b"lease/epoch"):
+                value = b"" if self.stale > 0 else epoch_value(taken)  # read before the take landed
+                self.stale -= 1
+            else:
+                value = taken.encode()
+            return types.SimpleNamespace(is_number=False, value=value) if value else None
+
+    assert BookKeeperLease(Table(stale_epoch_reads=1), "bucket/partition-0/").current() == taken
+    with pytest.raises(SnapshotStorageError, match="disagree"):
+        BookKeeperLease(Table(stale_epoch_reads=READ_ATTEMPTS), "bucket/partition-0/").current()

@@ -27,6 +27,8 @@ from .lease import Lease, LeaseBusyError, LeaseLostError, check_lease, renewed_l
 
 log = logging.getLogger(__name__)
 
+READ_ATTEMPTS = 3
+
 
 def epoch_value(lease: Lease) -> bytes:
     """What `<prefix>lease/epoch` holds for `lease`."""
@@ -57,11 +59,15 @@ class BookKeeperLease:
         return bytes(kv.value) if kv is not None else b""
 
     def _read(self) -> Tuple[bytes, bytes, Optional[Lease]]:
-        epoch_raw, record_raw = self._get(self.epoch_key), self._get(self._record_key)
-        lease = Lease.decode(record_raw, repr(self)) if record_raw else None
-        if lease is not None and epoch_raw != epoch_value(lease):
-            raise SnapshotStorageError(f"{self!r}: lease record {record_raw!r} and epoch {epoch_raw!r} disagree")
-        return epoch_raw, record_raw, lease
+        # Two gets, not one read: a take (one Txn writing both keys) can land between them, and
+        # then they disagree for that read only; read again. Only a disagreement that stays is an error.
+        for _attempt in range(READ_ATTEMPTS):
+            epoch_raw, record_raw = self._get(self.epoch_key), self._get(self._record_key)
+            lease = Lease.decode(record_raw, repr(self)) if record_raw else None
+            if lease is None or epoch_raw == epoch_value(lease):
+                return epoch_raw, record_raw, lease
+        raise SnapshotStorageError(f"{self!r}: lease record {record_raw!r} and epoch {epoch_raw!r} disagree "
+                                   f"({READ_ATTEMPTS} reads)")
 
     def current(self) -> Optional[Lease]:
         """The stored lease record, or None before the first take."""
