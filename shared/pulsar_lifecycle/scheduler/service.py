@@ -321,6 +321,10 @@ class SchedulerService:
         finding out at the next write or release round, which an idle partition may not have."""
         if self.failure is None:
             self.failure = exc
+        self._halt()
+
+    def _halt(self) -> None:
+        """Tell both threads to stop, waking the release thread from its wait."""
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
@@ -332,9 +336,7 @@ class SchedulerService:
 
     def stop(self) -> None:
         """Stop both threads, flush the publisher and close the engine's storage."""
-        self._stop.set()
-        with self._wake:
-            self._wake.notify_all()
+        self._halt()
         for t in self._threads:
             t.join(timeout=10)
         try:
