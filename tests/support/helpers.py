@@ -51,24 +51,35 @@ def count_by(messages: List[pulsar.Message], fn: Callable[[pulsar.Message], str]
 
 
 def publish_all(prod: pulsar.Producer, payloads: list, properties: Optional[List[Dict[str, str]]] = None,
-                rounds: int = 5) -> None:
+                rounds: int = 5, window: int = 500) -> None:
     """Send every payload, re-sending those whose send failed.
 
     pulsar-lite occasionally fails a batch while a topic is being created; a test's own inputs
-    must all exist before it can count what the function did with them.
+    must all exist before it can count what the function did with them. Sends go out `window` at a
+    time, each window flushed before the next: a producer's queue (1,000 messages by default, and
+    `block_if_queue_full` off) would otherwise refuse everything past it at once on a slow broker,
+    and a few rounds would not get the rest through.
     """
     todo = list(range(len(payloads)))
+    refusals: Dict[str, int] = {}
+
+    def sent(res: pulsar.Result, i: int, failed: List[int]) -> None:
+        if res != pulsar.Result.Ok:
+            failed.append(i)
+            refusals[str(res)] = refusals.get(str(res), 0) + 1
+
     for _ in range(rounds):
         failed: List[int] = []
-        for i in todo:
-            props = properties[i] if properties else None
-            prod.send_async(payloads[i], lambda res, _mid, i=i, failed=failed: res == pulsar.Result.Ok or failed.append(i),
-                            properties=props)
-        prod.flush()
+        for start in range(0, len(todo), window):
+            for i in todo[start:start + window]:
+                props = properties[i] if properties else None
+                prod.send_async(payloads[i], lambda res, _mid, i=i, failed=failed: sent(res, i, failed),
+                                properties=props)
+            prod.flush()
         if not failed:
             return
         todo = failed
-    raise AssertionError(f"{len(todo)} inputs could not be published")
+    raise AssertionError(f"{len(todo)} inputs could not be published (refusals by result: {refusals})")
 
 
 def shipped_writer_spec(unique: str, prefix: str, **user):
