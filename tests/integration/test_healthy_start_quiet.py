@@ -38,6 +38,21 @@ def alarms(*texts: str) -> List[str]:
     return [ln for text in texts for ln in text.splitlines() if ALARM.search(ln)]
 
 
+def assert_quiet(texts: Tuple[str, str], tmp_path: Path) -> None:
+    """No alarm in `texts`; otherwise fail with the alarms, the log lines before each and the
+    pulsar-client log's warnings and errors (which name the topic and subscription of a refusal)."""
+    found = alarms(*texts)
+    if not found:
+        return
+    lines = [ln for text in texts for ln in text.splitlines()]
+    context = [ln for a in found for ln in lines[max(0, lines.index(a) - 15):lines.index(a) + 1]]
+    client_log = tmp_path / "data" / "pulsar-client.log"
+    client = [ln for ln in (client_log.read_text(errors="replace").splitlines() if client_log.exists() else [])
+              if re.search(r"\b(WARN|ERROR)\b", ln)]
+    raise AssertionError("alarms:\n" + "\n".join(found) + "\n-- before them:\n" + "\n".join(context)
+                         + "\n-- pulsar-client log warnings and errors:\n" + "\n".join(client[-40:]))
+
+
 def _first_messages(url: str, tmp_path: Path) -> None:
     """The first delayed message ever sent on this broker is released; a second one stays pending."""
     target = "persistent://public/default/quiet-orders"
@@ -91,14 +106,14 @@ def _run_up(tmp_path: Path, broker_url: Optional[str]) -> Tuple[str, str]:
 
 @pytest.mark.lite_only(NEW_LITE)
 def test_up_on_its_embedded_broker_starts_and_stops_without_a_warning(tmp_path: Path) -> None:
-    assert alarms(*_run_up(tmp_path, None)) == []
+    assert_quiet(_run_up(tmp_path, None), tmp_path)
 
 
 @pytest.mark.lite_only(NEW_LITE)
 def test_up_on_a_brand_new_external_broker_starts_and_stops_without_a_warning(tmp_path: Path) -> None:
     with EmbeddedBroker(data_dir=tmp_path / "broker") as broker:
         texts = _run_up(tmp_path, broker.service_url)
-    assert alarms(*texts) == []
+    assert_quiet(texts, tmp_path)
 
 
 @pytest.mark.pulsar_only(NEW_PULSAR)
@@ -107,4 +122,4 @@ def test_up_on_a_brand_new_external_broker_starts_and_stops_without_a_warning(tm
 def test_up_on_a_brand_new_pulsar_standalone_starts_and_stops_without_a_warning(
         tmp_path: Path, pulsar_factory: Callable[..., PulsarStandalone]) -> None:
     standalone = pulsar_factory()
-    assert alarms(*_run_up(tmp_path, standalone.service_url)) == []
+    assert_quiet(_run_up(tmp_path, standalone.service_url), tmp_path)

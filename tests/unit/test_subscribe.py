@@ -75,3 +75,30 @@ def test_a_failed_attempt_is_retried_and_every_failure_raises_the_last_error():
     with pytest.raises(pulsar.ConnectError):
         subscribe_promptly(failing, what="t", answer_s=5, max_attempts=3)
     assert failing.calls == 3
+
+
+def test_a_slow_answer_logs_info_and_a_refusal_or_a_long_wait_warns(caplog, monkeypatch):
+    import logging
+
+    from pulsar_lifecycle.pulsar_io import subscribe as subscribe_mod
+
+    def levels() -> List[str]:
+        return [r.levelname for r in caplog.records
+                if "event=subscribe_retry" in r.getMessage() or "event=subscribe_answered" in r.getMessage()]
+
+    caplog.set_level(logging.INFO, logger=subscribe_mod.__name__)
+    gate = threading.Event()
+    subscribe_promptly(Attempts([None, None], hold={0: gate}), what="slow", answer_s=0.05)
+    gate.set()
+    assert levels() == ["INFO", "INFO"]  # the retry, the answer: a slow broker is not a fault
+
+    caplog.clear()
+    subscribe_promptly(Attempts([pulsar.ConsumerBusy(), None]), what="refused", answer_s=5)
+    assert levels() == ["WARNING", "WARNING"]
+
+    caplog.clear()
+    monkeypatch.setattr(subscribe_mod, "SLOW_WARN_S", 0.0)  # every wait counts as long
+    gate = threading.Event()
+    subscribe_promptly(Attempts([None, None], hold={0: gate}), what="long", answer_s=0.05)
+    gate.set()
+    assert levels() == ["INFO", "WARNING"]

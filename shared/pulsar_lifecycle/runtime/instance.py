@@ -13,6 +13,7 @@ import logging
 import queue
 import threading
 import time
+import traceback
 import types
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
@@ -31,6 +32,14 @@ _COMPRESSION = {
     "NONE": pulsar.CompressionType.NONE, "LZ4": pulsar.CompressionType.LZ4, "ZLIB": pulsar.CompressionType.ZLib,
     "ZSTD": pulsar.CompressionType.ZSTD, "SNAPPY": pulsar.CompressionType.SNAPPY,
 }
+
+
+def raised_where(exc: BaseException) -> str:
+    """Where `exc` was raised, as `file:line in function` of the innermost frames outside the
+    pulsar client's Python wrapper (a client error is raised there, but the call that made it is
+    what an operator needs), the two nearest joined by '<-'."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "/pulsar/" not in f.filename.replace("\\", "/")]
+    return "<-".join(f"{f.filename.rsplit('/', 1)[-1]}:{f.lineno}:{f.name}" for f in reversed(frames[-2:])) or "?"
 
 
 @dataclass
@@ -230,8 +239,8 @@ class FunctionInstance:
             else:
                 output = self._function.process(value, self.context)
         except Exception as exc:
-            log.warning("event=process_failed fqfn=%s topic=%s msg_id=%s error=%r",
-                        ident.fqfn, item.topic, item.message.message_id(), exc)
+            log.warning("event=process_failed fqfn=%s topic=%s msg_id=%s error=%r where=%s",
+                        ident.fqfn, item.topic, item.message.message_id(), exc, raised_where(exc))
             self.context.metrics.user_exceptions.labels(ident.fqfn, str(ident.instance_id)).inc()
             item.consumer.negative_acknowledge(item.message)
             return
