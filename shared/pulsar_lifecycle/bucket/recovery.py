@@ -7,6 +7,7 @@ Each step reads the storage and returns plain records; the index puts them toget
 """
 from __future__ import annotations
 
+import logging
 from array import array
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -14,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pyroaring import BitMap
 
-from .bitmap import LedgerBitmaps
+from .bitmap import LedgerBitmaps, deserialize_bitmap
 from .codec import (
     Item,
     JournalRecord,
@@ -34,6 +35,8 @@ from .packed import PackedSegment
 from .records import ReleaseKey
 from .segments import packed_id_bitmaps
 from .storage import BucketSnapshotStorage, StorageError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -156,35 +159,36 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     counters.metadata += 1
     counters.bytes += len(raw)
     meta = parse(SnapshotMetadata, raw, f"bucket {bid} metadata")
-    bitmaps: List[Dict[int, BitMap]] = []
-    counts = array("Q")
-    for i, sm in enumerate(meta.metadata_list):
-        # One bit per message, as packed ids (layout 3 stores them so; older layouts converted).
-        try:
-            per_ledger = packed_id_bitmaps(sm)
-        except ValueError as exc:
-            raise StorageError(f"bucket {bid} segment {i + 1} {exc}") from exc
-        bitmaps.append(per_ledger)
-        counts.append(sum(len(b) for b in per_ledger.values()))
-    bucket = ImmutableBucket(
-        bucket_id=bid,
-        key=ref.bucket_key,
-        start_ledger=ref.start_ledger_id,
-        end_ledger=ref.end_ledger_id,
-        seg_min=array("Q", (m.min_schedule_timestamp for m in meta.metadata_list)),
-        seg_max=array("Q", (m.max_schedule_timestamp for m in meta.metadata_list)),
-        seg_count=counts,
-        snapshot_length=ref.snapshot_length,
-        index_count=ref.index_count,
-    )
+    seg_min = array("Q", (m.min_schedule_timestamp for m in meta.metadata_list))
+    seg_max = array("Q", (m.max_schedule_timestamp for m in meta.metadata_list))
     w = watermark
-    n = bucket.nseg
+    n = len(seg_max)
     # Skip segments entirely at or before the watermark (Pulsar skips segments whose
     # max_schedule_timestamp <= cutoff; ours is the committed release key).
     i = 0
     if w is not None:
-        while i < n and bucket.seg_max[i] < w[0]:
+        while i < n and seg_max[i] < w[0]:
             i += 1
+    if i == 0 and n and (w is None or seg_min[0] > w[0]):
+        whole = _whole_bucket(bid, meta)  # nothing of it was released: the bucket's own sets will do
+        if whole is not None:
+            counts, per_ledger = whole
+            bucket = _bucket(ref, seg_min, seg_max, counts)
+            for ledger, bm in per_ledger.items():
+                pending.update_ledger_packed(ledger, bm)
+            bucket.cur, bucket.remaining = 0, int(sum(counts))
+            return bucket  # lazily: its first segment is read when its placeholder is due
+    bitmaps: List[Dict[int, BitMap]] = []
+    counts = array("Q")
+    for k, sm in enumerate(meta.metadata_list):
+        # One bit per message, as packed ids (layout 3 stores them so; older layouts converted).
+        try:
+            per_ledger = packed_id_bitmaps(sm)
+        except ValueError as exc:
+            raise StorageError(f"bucket {bid} segment {k + 1} {exc}") from exc
+        bitmaps.append(per_ledger)
+        counts.append(sum(len(b) for b in per_ledger.values()))
+    bucket = _bucket(ref, seg_min, seg_max, counts)
     if i < n and (w is None or bucket.seg_min[i] > w[0]):
         return _recover_lazily(bucket, i, bitmaps, counts, pending)
     while i < n:
@@ -214,6 +218,33 @@ def recover_bucket(storage: BucketSnapshotStorage, ref: Any, watermark: Optional
     bucket.remaining = len(seg) - bucket.pos
     _pending_from_bitmaps(bucket, bucket.cur + 1, bitmaps, counts, pending)
     return bucket
+
+
+def _bucket(ref: Any, seg_min: array, seg_max: array, counts: array) -> ImmutableBucket:
+    return ImmutableBucket(bucket_id=ref.bucket_id, key=ref.bucket_key, start_ledger=ref.start_ledger_id,
+                           end_ledger=ref.end_ledger_id, seg_min=seg_min, seg_max=seg_max, seg_count=counts,
+                           snapshot_length=ref.snapshot_length, index_count=ref.index_count)
+
+
+def _whole_bucket(bid: int, meta: Any) -> Optional[Tuple[array, Dict[int, BitMap]]]:
+    """(count per segment, ledger -> packed ids of the whole bucket) from the metadata's
+    extension fields, or None when the snapshot has none (written before them) or they disagree
+    with each other (the segments' own bitmaps are used then; they are what Pulsar reads)."""
+    n = len(meta.metadata_list)
+    if len(meta.segment_count) != n or not len(meta.packed_index_bit_map):
+        return None
+    counts = array("Q", meta.segment_count)
+    try:
+        per_ledger = {ledger: deserialize_bitmap(data) for ledger, data in meta.packed_index_bit_map.items()}
+    except ValueError as exc:
+        log.warning("event=bucket_whole_bitmap_unreadable bucket=%d error=%r action='segment bitmaps used'", bid, exc)
+        return None
+    total = sum(len(bm) for bm in per_ledger.values())
+    if total != sum(counts):
+        log.warning("event=bucket_whole_bitmap_mismatch bucket=%d ids=%d counted=%d action='segment bitmaps used'",
+                    bid, total, sum(counts))
+        return None
+    return counts, per_ledger
 
 
 def _recover_lazily(bucket: ImmutableBucket, first: int, bitmaps: List[Dict[int, BitMap]], counts: array,

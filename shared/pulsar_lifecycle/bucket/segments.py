@@ -204,8 +204,22 @@ def cut_packed(rows: PackedItems, order: Sequence[int], time_step_ms: int, max_i
 
 
 def snapshot_metadata(segments: Iterable[CutSegment]) -> "SnapshotMetadata":
-    """Entry 0 of a snapshot with these segments."""
-    return SnapshotMetadata(metadata_list=[s.metadata for s in segments])
+    """Entry 0 of a snapshot with these segments: Pulsar's list of segment metadata, and our
+    extension of each segment's count and, per ledger, the packed ids of the whole bucket."""
+    segs = list(segments)
+    meta = SnapshotMetadata(metadata_list=[s.metadata for s in segs])
+    meta.segment_count.extend(s.count for s in segs)
+    whole: Dict[int, BitMap] = {}
+    for s in segs:
+        for ledger, bm in packed_id_bitmaps(s.metadata).items():
+            union = whole.get(ledger)
+            if union is None:
+                whole[ledger] = bm
+            else:
+                union |= bm  # in place: the segments' ids spread over many containers (recovery.py, _union)
+    for ledger, union in whole.items():
+        meta.packed_index_bit_map[ledger] = serialize_bitmap(union)
+    return meta
 
 
 def snapshot_metadata_bytes(segments: Iterable[CutSegment]) -> bytes:

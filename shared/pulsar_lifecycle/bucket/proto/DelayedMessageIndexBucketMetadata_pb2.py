@@ -20,9 +20,14 @@ _SERIALIZED = (
     b'\x05value:\x028\x01\x1a@\n\x12IndexIdBitMapEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03k'
     b'ey\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x028\x01\x1aD\n\x16PackedIndexBitMa'
     b'pEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x02'
-    b'8\x01"^\n\x10SnapshotMetadata\x12J\n\rmetadata_list\x18\x01 \x03(\x0b2%.'
-    b'pulsar.delay.SnapshotSegmentMetadataR\x0cmetadataLi'
-    b'stB,\n&org.apache.pulsar.broker.delayed.protoH\x01P\x01'
+    b'8\x01"\xb5\x02\n\x10SnapshotMetadata\x12J\n\rmetadata_list\x18\x01 \x03(\x0b2%'
+    b'.pulsar.delay.SnapshotSegmentMetadataR\x0cmetadataL'
+    b"ist\x12'\n\rsegment_count\x18d \x03(\x04B\x02\x10\x01R\x0csegmentCount\x12f\n\x14"
+    b'packed_index_bit_map\x18e \x03(\x0b25.pulsar.delay.Snapsh'
+    b'otMetadata.PackedIndexBitMapEntryR\x11packedIndexBi'
+    b'tMap\x1aD\n\x16PackedIndexBitMapEntry\x12\x10\n\x03key\x18\x01 \x01(\x04R\x03key'
+    b'\x12\x14\n\x05value\x18\x02 \x01(\x0cR\x05value:\x028\x01B,\n&org.apache.pulsar.'
+    b'broker.delayed.protoH\x01P\x01'
 )
 
 _names = load_file(_SERIALIZED, __name__)
