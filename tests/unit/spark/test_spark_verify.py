@@ -121,6 +121,32 @@ def test_corrupt_bitmap_is_found(spark, seeded, tmp_path: Path) -> None:
     assert any(e["kind"] == checks.BITMAP and e["bucket_id"] == 2 for e in report.examples)
 
 
+def test_a_whole_bucket_extension_that_disagrees_with_the_segments_is_found(spark, seeded, tmp_path: Path) -> None:
+    path = _copy(seeded, tmp_path)
+    st = DirectorySnapshotStorage(path)
+    assert len(SnapshotMetadata.FromString(st.get_metadata(2)).segment_count) > 0  # the seeder writes it
+
+    def miscount(meta, segs):
+        meta.segment_count[0] += 1
+        return meta, segs
+
+    def extra_id(meta, segs):
+        from pulsar_lifecycle.bucket.bitmap import deserialize_bitmap, serialize_bitmap
+
+        ledger = sorted(meta.packed_index_bit_map)[0]
+        bm = deserialize_bitmap(meta.packed_index_bit_map[ledger])
+        bm.add(4_000_000)
+        meta.packed_index_bit_map[ledger] = serialize_bitmap(bm)
+        return meta, segs
+
+    _rewrite(path, 1, miscount)
+    _rewrite(path, 2, extra_id)
+    report = _verify(spark, path)
+    assert not report.ok and report.violations.get(checks.BITMAP) == 2
+    found = {e["bucket_id"]: e["detail"] for e in report.examples if e["kind"] == checks.BITMAP}
+    assert "segment_count" in found[1] and "packed_index_bit_map" in found[2]
+
+
 def test_swapped_segments_are_found(spark, seeded, tmp_path: Path) -> None:
     path = _copy(seeded, tmp_path)
 

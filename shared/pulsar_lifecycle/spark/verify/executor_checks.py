@@ -94,6 +94,7 @@ def check_bucket(storage: BucketSnapshotStorage, ref: Any, config: BucketConfig,
     step = config.time_step_ms
     max_idx = config.delayed_delivery_max_indexes_per_bucket_snapshot_segment
     ledgers = LedgerBitmaps()
+    seg_counts: List[int] = []
     for k, (sm, data) in enumerate(zip(meta.metadata_list, datas), start=1):
         try:
             seg = parse_segment(data, f"bucket {bid} segment {k}")
@@ -101,6 +102,7 @@ def check_bucket(storage: BucketSnapshotStorage, ref: Any, config: BucketConfig,
             out.add(CORRUPT, str(exc))
             return out
         seg_items = segment_items(seg)
+        seg_counts.append(len(seg_items))
         if not seg_items:
             out.add(CUT_RULE, f"segment {k} is empty")
             continue
@@ -128,9 +130,28 @@ def check_bucket(storage: BucketSnapshotStorage, ref: Any, config: BucketConfig,
     out.items = len(items)
     if len(datas) != len(meta.metadata_list):
         out.add(CORRUPT, f"metadata lists {len(meta.metadata_list)} segments, snapshot has {len(datas)}")
+    _check_whole_bucket(out, meta, seg_counts, ledgers)
     _check_cut(out, items, config)
     _check_manifest(out, ref, items, ledgers, seen)
     return out
+
+
+def _check_whole_bucket(out: BucketCheck, meta: Any, seg_counts: List[int], ledgers: LedgerBitmaps) -> None:
+    """Our extension of the metadata (docs/bucket-format.md), when present: each segment's
+    count, and the packed ids of the whole bucket, are what the segments hold (recovery reads
+    them instead of the segments' bitmaps for a bucket nothing of which was released)."""
+    if len(meta.segment_count) and list(meta.segment_count) != seg_counts:
+        out.add(BITMAP, f"metadata segment_count (first {list(meta.segment_count)[:4]}, sum {sum(meta.segment_count)}) "
+                        f"differs from the segments' indexes (first {seg_counts[:4]}, sum {sum(seg_counts)})")
+    if len(meta.packed_index_bit_map):
+        try:
+            whole = LedgerBitmaps.from_proto_map(meta.packed_index_bit_map, "metadata packed_index_bit_map")
+        except ValueError as exc:
+            out.add(BITMAP, str(exc))
+            return
+        if len(whole) != len(ledgers) or set(whole.items()) != set(ledgers.items()):
+            out.add(BITMAP, f"metadata packed_index_bit_map holds {len(whole)} ids, not the {len(ledgers)} the "
+                            "segments index")
 
 
 def _check_bitmaps(out: BucketCheck, k: int, sm: Any, expected: Dict[int, List[int]]) -> None:
