@@ -103,3 +103,36 @@ def test_an_extension_that_disagrees_with_itself_is_not_used(caplog) -> None:
     ix = recovered(Metadata(st, miscount))
     assert state(ix) == baseline and ix.pending_count() == pending
     assert sum("event=bucket_whole_bitmap_mismatch" in r.getMessage() for r in caplog.records) == len(ix._buckets) - 1
+
+
+def test_pulsars_own_snapshot_metadata_parses_the_extended_bytes() -> None:
+    """Fields >= 100, optional: Pulsar's parser (fields 1..3 of its two messages) skips them."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    assert all(f.number >= 100 and not f.is_required for f in SnapshotMetadata.DESCRIPTOR.fields if f.number > 1)
+    f = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="pulsar_only_metadata.proto", package="pulsar.delay", syntax="proto2")
+    seg = fdp.message_type.add(name="SnapshotSegmentMetadata")
+    entry = seg.nested_type.add(name="DelayedIndexBitMapEntry")
+    entry.options.map_entry = True
+    entry.field.add(name="key", number=1, type=f.TYPE_UINT64, label=f.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=f.TYPE_BYTES, label=f.LABEL_OPTIONAL)
+    seg.field.add(name="delayed_index_bit_map", number=1, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED,
+                  type_name=".pulsar.delay.SnapshotSegmentMetadata.DelayedIndexBitMapEntry")
+    for number, name in ((2, "max_schedule_timestamp"), (3, "min_schedule_timestamp")):
+        seg.field.add(name=name, number=number, type=f.TYPE_UINT64, label=f.LABEL_REQUIRED)
+    meta = fdp.message_type.add(name="SnapshotMetadata")
+    meta.field.add(name="metadata_list", number=1, type=f.TYPE_MESSAGE, label=f.LABEL_REPEATED,
+                   type_name=".pulsar.delay.SnapshotSegmentMetadata")
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    Theirs = message_factory.GetMessageClass(pool.FindMessageTypeByName("pulsar.delay.SnapshotMetadata"))
+    st, _ = seeded()
+    bid = recovered(st)._buckets[-1].bucket_id
+    ours = parse(SnapshotMetadata, st.get_metadata(bid), "metadata")
+    assert len(ours.segment_count) and len(ours.packed_index_bit_map)
+    theirs = Theirs.FromString(st.get_metadata(bid))
+    assert theirs.IsInitialized() and len(theirs.metadata_list) == len(ours.metadata_list)
+    assert [(m.min_schedule_timestamp, m.max_schedule_timestamp, dict(m.delayed_index_bit_map))
+            for m in theirs.metadata_list] == [(m.min_schedule_timestamp, m.max_schedule_timestamp,
+                                               dict(m.delayed_index_bit_map)) for m in ours.metadata_list]
