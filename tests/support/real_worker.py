@@ -175,6 +175,7 @@ class PulsarAdmin:
     rest_context: Any = None
     _java: str = field(default="", init=False, repr=False)
     _classpath: str = field(default="", init=False, repr=False)
+    last_status_error: Optional[str] = field(default=None, init=False, repr=False)  # status_rest's last failure
 
     def __post_init__(self) -> None:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -298,8 +299,11 @@ class PulsarAdmin:
         try:
             with urllib.request.urlopen(req, timeout=30, context=self.rest_context) as resp:
                 return json.loads(resp.read())
-        except (OSError, ValueError):  # urllib's HTTPError and URLError are OSErrors
-            return None
+        except urllib.error.HTTPError as exc:  # kept for wait_running's message: what the worker said
+            self.last_status_error = f"HTTP {exc.code}: {exc.read()[:500]!r}"
+        except (OSError, ValueError) as exc:  # URLError and timeouts are OSErrors
+            self.last_status_error = repr(exc)
+        return None
 
     def wait_running(self, fqfn: str, instances: int, timeout_s: float = 300,
                      since_restarts: Optional[Dict[int, int]] = None) -> Dict[str, Any]:
@@ -321,7 +325,8 @@ class PulsarAdmin:
                     return last
             time.sleep(1.0)
         raise AssertionError(f"{fqfn}: {instances} instances not running within {timeout_s}s; last status "
-                             f"{json.dumps(last)[:3000]}")
+                             f"{json.dumps(last)[:3000]}; last unanswered status request: "
+                             f"{self.last_status_error}")
 
 
 @dataclass
