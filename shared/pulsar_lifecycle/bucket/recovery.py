@@ -15,7 +15,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pyroaring import BitMap
 
-from .bitmap import LedgerBitmaps, deserialize_bitmap
+from .bitmap import LedgerBitmaps, deserialize_bitmap, union_bitmaps
 from .codec import (
     Item,
     JournalRecord,
@@ -270,29 +270,7 @@ def _pending_from_bitmaps(bucket: ImmutableBucket, first: int, bitmaps: List[Dic
             later.setdefault(ledger, []).append(bm)
         bucket.remaining += counts[k]
     for ledger, bms in later.items():  # one union per ledger, then one merge into the large pending set
-        pending.update_ledger_packed(ledger, _union(bms))
-
-
-# The multi-way union turns every container it touches into a bitset (8 KB) before repairing it:
-# fastest when the segments' ids share a few containers (messages outside batches: ids are entry
-# ids), 3x slower than in-place |= when they spread over many (batched entries: a bucket's ids span
-# ~1,000 containers; 1M pending in 64 buckets of ~270 segments, 230 vs 78 ms).
-_MULTI_WAY_MAX_CONTAINERS = 64
-
-
-def _union(bms: List[BitMap]) -> BitMap:
-    """The union of `bms` (a single non-empty one itself, not a copy)."""
-    bms = [bm for bm in bms if bm]
-    if len(bms) <= 1:
-        return bms[0] if bms else BitMap()
-    lo = min(bm.min() for bm in bms) >> 16
-    hi = max(bm.max() for bm in bms) >> 16
-    if hi - lo < _MULTI_WAY_MAX_CONTAINERS:
-        return BitMap.union(*bms)
-    union = BitMap(bms[0])
-    for bm in bms[1:]:
-        union |= bm
-    return union
+        pending.update_ledger_packed(ledger, union_bitmaps(bms))
 
 
 def replay_journal(records: List[Tuple[int, bytes]], journal_cut: int, watermark: Optional[ReleaseKey],

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from pyroaring import BitMap
 
-from .bitmap import deserialize_bitmap, entry_bitmap, pack_bitmap, pack_ids, serialize_bitmap
+from .bitmap import deserialize_bitmap, entry_bitmap, pack_bitmap, pack_ids, serialize_bitmap, union_bitmaps
 from .codec import Item, SnapshotMetadata, SnapshotSegmentMetadata
 from .packed import PackedItems
 from .records import ReleaseKey
@@ -209,16 +209,12 @@ def snapshot_metadata(segments: Iterable[CutSegment]) -> "SnapshotMetadata":
     segs = list(segments)
     meta = SnapshotMetadata(metadata_list=[s.metadata for s in segs])
     meta.segment_count.extend(s.count for s in segs)
-    whole: Dict[int, BitMap] = {}
+    per_ledger: Dict[int, List[BitMap]] = {}
     for s in segs:
         for ledger, bm in packed_id_bitmaps(s.metadata).items():
-            union = whole.get(ledger)
-            if union is None:
-                whole[ledger] = bm
-            else:
-                union |= bm  # in place: the segments' ids spread over many containers (recovery.py, _union)
-    for ledger, union in whole.items():
-        meta.packed_index_bit_map[ledger] = serialize_bitmap(union)
+            per_ledger.setdefault(ledger, []).append(bm)
+    for ledger, bms in per_ledger.items():
+        meta.packed_index_bit_map[ledger] = serialize_bitmap(union_bitmaps(bms))
     return meta
 
 

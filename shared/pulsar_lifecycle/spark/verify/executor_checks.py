@@ -149,7 +149,7 @@ def _check_whole_bucket(out: BucketCheck, meta: Any, seg_counts: List[int], ledg
         except ValueError as exc:
             out.add(BITMAP, str(exc))
             return
-        if len(whole) != len(ledgers) or set(whole.items()) != set(ledgers.items()):
+        if len(whole) != len(ledgers) or len(whole.difference(ledgers)):
             out.add(BITMAP, f"metadata packed_index_bit_map holds {len(whole)} ids, not the {len(ledgers)} the "
                             "segments index")
 
