@@ -1,11 +1,21 @@
 """Memory of the bucket index vs an in-memory heap holding every pending message.
 
-    /tmp/venv/bin/python bench/bench_bucket_memory.py            # 1M and 10M
-    /tmp/venv/bin/python bench/bench_bucket_memory.py --sizes 1000000
+    .venv/bin/python bench/bench_bucket_memory.py            # 1M and 10M
+    .venv/bin/python bench/bench_bucket_memory.py --sizes 1000000 --layout batched:100
 
 Each variant runs in its own child process, which reports its RSS growth (VmRSS after adding N
 pending 100-byte messages, in add() calls of --batch messages, and dropping the last batch the
-bench built, minus VmRSS before, after imports and setup):
+bench built, minus VmRSS before, after imports and setup).
+
+--layout says where the messages sit on the scheduling topic, which decides their index ids
+(entry << 10 | batch index) and so the shape of the index's bitmaps of pending and seen ids:
+* unbatched (default): one message per entry, ledgers of 50,000 entries (Pulsar's
+  managedLedgerMaxEntriesPerLedger);
+* batched:K: batches of K messages per entry, ledgers of 50,000 entries;
+* small-ledgers: batches of 1,024 messages in ledgers of 49 entries (50,000 messages a ledger),
+  the worst case for the bitmaps: every batch index of a ledger is a container of its own.
+
+Variants:
 * bucket: BucketIndex with default settings on DirectorySnapshotStorage in a temp dir;
 * heap (baseline): what Pulsar's InMemoryDelayedDeliveryTracker does — every pending message in
   one in-memory priority queue — holding (deliver_at, ledger, entry, payload) because a function
@@ -26,7 +36,10 @@ import sys
 import tempfile
 import time
 
-LEDGER_SIZE = 50_000  # entries per ledger of the scheduling topic
+LEDGER_ENTRIES = 50_000  # Pulsar's managedLedgerMaxEntriesPerLedger
+BATCH_BITS = 10  # index id = entry << BATCH_BITS | batch index (pulsar_lifecycle.bucket.records)
+SMALL_LEDGER_BATCH = 1_024
+SMALL_LEDGER_MESSAGES = 50_000
 HOUR_MS = 3_600_000
 BASE_MS = 1_900_000_000_000
 
@@ -48,7 +61,29 @@ def payload(i: int) -> bytes:
     return b"p" * 92 + i.to_bytes(8, "little")  # 100 bytes, a distinct object per message
 
 
-def child_bucket(n: int, batch: int) -> dict:
+def position(layout: str, i: int) -> tuple:
+    """(ledger id, index id) of message i under `layout` (see the module docstring)."""
+    if layout == "small-ledgers":
+        ledger, k = divmod(i, SMALL_LEDGER_MESSAGES)
+        entry, b = divmod(k, SMALL_LEDGER_BATCH)
+        return 1 + ledger, entry << BATCH_BITS | b
+    per_entry = 1 if layout == "unbatched" else int(layout.split(":", 1)[1])
+    ledger, k = divmod(i, LEDGER_ENTRIES * per_entry)
+    entry, b = divmod(k, per_entry)
+    return 1 + ledger, entry << BATCH_BITS | b
+
+
+def parse_layout(text: str) -> str:
+    """argparse type of --layout: unbatched, batched:K (1 <= K <= 1024) or small-ledgers."""
+    if text in ("unbatched", "small-ledgers"):
+        return text
+    if text.startswith("batched:") and text[8:].isdigit() and 1 <= int(text[8:]) <= 1 << BATCH_BITS:
+        return text
+    raise argparse.ArgumentTypeError(f"--layout must be unbatched, batched:K (1 <= K <= 1024) or small-ledgers, "
+                                     f"got {text!r}")
+
+
+def child_bucket(n: int, batch: int, layout: str) -> dict:
     from pulsar_lifecycle.bucket import BucketConfig, BucketIndex, DelayedMessage, DirectorySnapshotStorage
 
     tmp = tempfile.mkdtemp(prefix="bench-bucket-mem-")
@@ -60,7 +95,7 @@ def child_bucket(n: int, batch: int) -> dict:
         t0 = time.monotonic()
         peak = before
         for start in range(0, n, batch):
-            msgs = [DelayedMessage(1 + i // LEDGER_SIZE, i % LEDGER_SIZE, 0, deliver_at(i), payload(i))
+            msgs = [DelayedMessage(*position(layout, i), 0, deliver_at(i), payload(i))
                     for i in range(start, min(n, start + batch))]
             ix.add(msgs)
             if (start // batch) % 50 == 0:
@@ -80,13 +115,13 @@ def child_bucket(n: int, batch: int) -> dict:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def child_heap(n: int, batch: int) -> dict:
+def child_heap(n: int, batch: int, layout: str) -> dict:
     heap: list = []
     gc.collect()
     before = rss_bytes()
     t0 = time.monotonic()
     for i in range(n):
-        heapq.heappush(heap, (deliver_at(i), 1 + i // LEDGER_SIZE, i % LEDGER_SIZE, payload(i)))
+        heapq.heappush(heap, (deliver_at(i), *position(layout, i), payload(i)))
     elapsed = time.monotonic() - t0
     gc.collect()
     after = rss_bytes()
@@ -94,8 +129,9 @@ def child_heap(n: int, batch: int) -> dict:
     return {"growth": after - before, "peak_growth": after - before, "seconds": elapsed}
 
 
-def run_child(variant: str, n: int, batch: int) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", variant, "--n", str(n), "--batch", str(batch)],
+def run_child(variant: str, n: int, batch: int, layout: str) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", variant, "--n", str(n), "--batch", str(batch),
+                          "--layout", layout],
                          check=True, capture_output=True, text=True, timeout=3600)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -111,29 +147,31 @@ def mem_available() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1000000,10000000", help="comma-separated pending counts")
-    ap.add_argument("--batch", type=int, default=10_000, help="messages per add() call")
+    ap.add_argument("--batch", type=int, default=500, help="messages per add() call (the writer's ingestBatchSize: 500)")
+    ap.add_argument("--layout", type=parse_layout, default="unbatched",
+                    help="where the messages sit on the scheduling topic: unbatched, batched:K or small-ledgers")
     ap.add_argument("--child", choices=("bucket", "heap"), help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         fn = child_bucket if args.child == "bucket" else child_heap
-        print(json.dumps(fn(args.n, args.batch)))
+        print(json.dumps(fn(args.n, args.batch, args.layout)))
         return
     mb = 1024 * 1024
     heap_1m = None
     for n in (int(x) for x in args.sizes.split(",")):
-        bucket = run_child("bucket", n, args.batch)
+        bucket = run_child("bucket", n, args.batch, args.layout)
         # The baseline needs ~300 B per message; keep a 2x margin or extrapolate from 1M.
         if mem_available() > n * 600:
-            heap = run_child("heap", n, args.batch)
+            heap = run_child("heap", n, args.batch, args.layout)
             how = "measured"
         else:
-            heap_1m = heap_1m or run_child("heap", 1_000_000, args.batch)
+            heap_1m = heap_1m or run_child("heap", 1_000_000, args.batch, args.layout)
             heap = {k: v * n / 1_000_000 for k, v in heap_1m.items()}
             how = "extrapolated linearly from 1M"
         if n == 1_000_000:
             heap_1m = heap
-        print(f"N={n:,} pending 100-byte messages")
+        print(f"N={n:,} pending 100-byte messages, layout {args.layout}, add() batches of {args.batch:,}")
         print(f"  bucket index : RSS growth {bucket['growth'] / mb:8.1f} MB (peak {bucket['peak_growth'] / mb:.1f} MB), "
               f"{bucket['seconds']:.1f} s to add, {bucket['buckets']} buckets, {bucket['loaded']} indexes loaded, "
               f"{bucket['seals']} seals, {bucket['merges']} merges, {bucket['disk_bytes'] / mb:.0f} MB on disk")

@@ -521,9 +521,15 @@ class BucketIndex:
     def _maintain_locked(self) -> None:
         self._drop_exhausted()
         guard = len(self._buckets) + 1
+        merged = False
         while guard > 0 and self._merge_once():
             guard -= 1
+            merged = True
         self._snapshots.hand_off_obsolete()
+        if merged:
+            # A merge reads and cuts whole buckets: like a seal's, its freed buffers would keep
+            # the RSS at their high-water mark.
+            release_free_memory()
 
     def _drop_exhausted(self) -> None:
         with self._lock:

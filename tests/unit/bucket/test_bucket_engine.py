@@ -250,6 +250,31 @@ def test_merge_keeps_every_item_including_the_loaded_segment():
         (r.seq, r.message.ledger_id, r.message.entry_id) for r in released[1:]]
 
 
+def test_freed_heap_is_handed_back_after_each_seal_and_after_merges(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seals and merges free large transient buffers that glibc keeps in the heap; the index
+    calls malloc_trim after each seal and after a round of merges. The trims are counted, and
+    what each one follows is read from the op counters at that moment."""
+    import pulsar_lifecycle.bucket.engine as engine_mod
+
+    st = MemorySnapshotStorage()
+    ix = new_index(st, max_unacked_per_bucket=10, delayed_delivery_max_indexes_per_bucket_snapshot_segment=4,
+                   delayed_delivery_max_num_buckets=2)
+    trims: List[tuple] = []
+
+    def counting() -> bool:
+        ops = ix.stats().op_count
+        trims.append((ops[("create", "succeed")], ops[("merge", "succeed")]))
+        return True
+
+    monkeypatch.setattr(engine_mod, "release_free_memory", counting)
+    ix.add([msg(1, e, 1000 + e) for e in range(10)])  # seal 1
+    ix.add([msg(2, e, 1000 + e) for e in range(10)])  # seal 2
+    assert trims == [(1, 0), (2, 0)]
+    ix.add([msg(3, e, 1000 + e) for e in range(10)])  # seal 3 -> 3 buckets > 2: a merge, then a trim
+    assert ix.stats().op_count[("merge", "succeed")] == 1
+    assert trims == [(1, 0), (2, 0), (3, 0), (3, 1)]
+
+
 def test_seals_and_merges_do_not_load_numpy() -> None:
     """numpy costs a writer about 15 MB of RSS, and seals and merges of segments with many ids
     per ledger once loaded it to pack their bitmaps. A fresh interpreter: 2 seals of 2,000 ids
