@@ -35,6 +35,7 @@ from support.helpers import shipped_writer_spec, wait_for
 pytestmark = [pytest.mark.integration]
 PARTITIONS = 4
 CANCELLED = ("k-b", "u-2")  # `delayed cancel` of a keyed and an unkeyed message
+UNKEYED_DUE_MS = 25_000  # the unkeyed messages' delay, one of which per partition is cancelled
 
 
 def _start_writer(broker: Any, tmp_path: Path, unique: str) -> tuple:
@@ -89,12 +90,14 @@ def test_delayed_producer_routes_keyed_and_unkeyed_per_partition_and_cancels_whe
         for i in range(24):
             keyed[f"keyed-{i}".encode()] = producer.send(target, f"keyed-{i}".encode(), now + 3000 + 50 * i,
                                                          key=f"customer-{i}")
-            unkeyed[f"plain-{i}".encode()] = producer.send(target, f"plain-{i}".encode(), now + 8000 + 50 * i)
+            unkeyed[f"plain-{i}".encode()] = producer.send(target, f"plain-{i}".encode(),
+                                                           now + UNKEYED_DUE_MS + 50 * i)
         for i, mid in enumerate(keyed.values()):
             assert mid.partition() == java_string_hash(f"customer-{i}") % PARTITIONS, (i, mid.partition())
         assert {mid.partition() for mid in unkeyed.values()} == set(range(PARTITIONS))
-        # Cancel one unkeyed message on each partition (due 8 s from now or later), each
-        # answered on the reply topic of the partition that holds it.
+        # Cancel one unkeyed message on each partition (due 25 s from now or later: the four
+        # cancels and their answers take seconds on a loaded host), each answered on the reply
+        # topic of the partition that holds it.
         victims = {}
         for payload, mid in unkeyed.items():
             victims.setdefault(mid.partition(), (payload, mid))
@@ -106,7 +109,9 @@ def test_delayed_producer_routes_keyed_and_unkeyed_per_partition_and_cancels_whe
             try:
                 cancel_id = producer.cancel(mid, reply_to=reply)
                 assert cancel_id.partition() in (-1, k)
-                assert _read_answer(reader, cancel_id) == "cancelled", (k, payload)
+                answer = _read_answer(reader, cancel_id)
+                assert answer == "cancelled", (k, payload, f"answered {int(time.time() * 1000) - now} ms after the "
+                                               f"sends; the message was due {UNKEYED_DUE_MS} ms or later after them")
             finally:
                 reader.close()
         expected = set(keyed) | set(unkeyed)
