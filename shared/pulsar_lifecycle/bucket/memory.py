@@ -1,10 +1,12 @@
-"""Handing freed heap memory back to the operating system after recovery.
+"""Handing freed heap memory back to the operating system after recovery, seals and merges.
 
 Recovery decodes every snapshot's entry 0 (per-segment bitmaps, unioned per ledger into the
 pending set) and the manifest's seen-set: tens of MB of short-lived C allocations (CRoaring
 containers, protobuf arenas) whose freed chunks glibc keeps inside the heap, so the process
 RSS stays at the high-water mark. glibc's malloc_trim(0) returns those pages. Measured on a
-seeded store of 2M unbatched messages: RSS growth after recover() 25.7 MB -> 12.8 MB.
+seeded store of 2M unbatched messages: RSS growth after recover() 25.7 MB -> 12.8 MB. Seals and
+merges free their encoding buffers and the buckets they read the same way (docs/benchmarks.md,
+"Memory").
 """
 from __future__ import annotations
 
