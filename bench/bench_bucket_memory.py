@@ -36,8 +36,9 @@ import sys
 import tempfile
 import time
 
+from pulsar_lifecycle.bucket.records import MAX_BATCH_INDEX, index_id
+
 LEDGER_ENTRIES = 50_000  # Pulsar's managedLedgerMaxEntriesPerLedger
-BATCH_BITS = 10  # index id = entry << BATCH_BITS | batch index (pulsar_lifecycle.bucket.records)
 SMALL_LEDGER_BATCH = 1_024
 SMALL_LEDGER_MESSAGES = 50_000
 HOUR_MS = 3_600_000
@@ -64,20 +65,20 @@ def payload(i: int) -> bytes:
 def position(layout: str, i: int) -> tuple:
     """(ledger id, index id) of message i under `layout` (see the module docstring)."""
     if layout == "small-ledgers":
-        ledger, k = divmod(i, SMALL_LEDGER_MESSAGES)
-        entry, b = divmod(k, SMALL_LEDGER_BATCH)
-        return 1 + ledger, entry << BATCH_BITS | b
-    per_entry = 1 if layout == "unbatched" else int(layout.split(":", 1)[1])
-    ledger, k = divmod(i, LEDGER_ENTRIES * per_entry)
+        per_entry, per_ledger = SMALL_LEDGER_BATCH, SMALL_LEDGER_MESSAGES
+    else:
+        per_entry = 1 if layout == "unbatched" else int(layout.split(":", 1)[1])
+        per_ledger = LEDGER_ENTRIES * per_entry
+    ledger, k = divmod(i, per_ledger)
     entry, b = divmod(k, per_entry)
-    return 1 + ledger, entry << BATCH_BITS | b
+    return 1 + ledger, index_id(entry, b)
 
 
 def parse_layout(text: str) -> str:
     """argparse type of --layout: unbatched, batched:K (1 <= K <= 1024) or small-ledgers."""
     if text in ("unbatched", "small-ledgers"):
         return text
-    if text.startswith("batched:") and text[8:].isdigit() and 1 <= int(text[8:]) <= 1 << BATCH_BITS:
+    if text.startswith("batched:") and text[8:].isdigit() and 1 <= int(text[8:]) <= MAX_BATCH_INDEX + 1:
         return text
     raise argparse.ArgumentTypeError(f"--layout must be unbatched, batched:K (1 <= K <= 1024) or small-ledgers, "
                                      f"got {text!r}")
